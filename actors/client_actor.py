@@ -1,0 +1,35 @@
+"""ClientActor: a Ray actor hosting many virtual clients, pinned to its CPU and (fractional) GPU share."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+import torch
+
+from raysim.engine.host import ClientHost
+
+
+@ray.remote
+class ClientActor:
+    """Runs batches of client tasks. Uses CUDA when Ray assigned it a GPU and CUDA exists, else CPU.
+
+    Declared with ``num_cpus=runtime.cpus_per_actor`` and ``num_gpus=runtime.gpus_per_actor``
+    through ``.options``; the data set arrives once, as an object-store reference
+    resolved zero-copy.
+    """
+
+    def __init__(self, scenario: dict, table, actor_index: int):
+        self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        device = "cuda" if self.gpu_ids and torch.cuda.is_available() else "cpu"
+        self.host = ClientHost(scenario, table, actor_index, device)
+
+    def run(self, payload: dict, tasks: list) -> list:
+        """Run tasks against the broadcast payload (resolved from the object store)."""
+        return self.host.run(payload, tasks)
+
+    def info(self) -> dict:
+        """Actor index, device, node, assigned GPU ids and process id."""
+        ctx = ray.get_runtime_context()
+        return dict(self.host.info(), node=ctx.get_node_id(), gpu_ids=self.gpu_ids, pid=os.getpid(),
+                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))

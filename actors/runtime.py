@@ -1,0 +1,93 @@
+"""RayRuntime: the engine's runtime protocol on Ray ClientActors."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import ray
+
+from raysim.errors import ScenarioError
+
+
+def embedded_resources(runtime_cfg) -> tuple[float, float]:
+    """CPUs and GPUs an embedded local Ray will declare for this scenario."""
+    cpus = runtime_cfg.num_cpus if runtime_cfg.num_cpus is not None else os.cpu_count()
+    if runtime_cfg.num_gpus is not None:
+        gpus = runtime_cfg.num_gpus
+    else:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    return float(cpus), float(gpus)
+
+
+def plan_actors(runtime_cfg, cpus: float, gpus: float) -> int:
+    """Number of ClientActors for the given cluster resources; ScenarioError if they cannot fit."""
+    cpa, gpa = runtime_cfg.cpus_per_actor, runtime_cfg.gpus_per_actor
+    fits = math.floor(cpus / cpa + 1e-9)
+    where = f"{cpus:g} CPUs at runtime.cpus_per_actor={cpa:g}"
+    if gpa > 0:
+        fits = min(fits, math.floor(gpus / gpa + 1e-9))
+        where += f", {gpus:g} GPUs at runtime.gpus_per_actor={gpa:g}"
+    if fits < 1:
+        key, value = ("runtime.gpus_per_actor", gpa) if gpa > 0 and gpus < gpa else ("runtime.cpus_per_actor", cpa)
+        raise ScenarioError(key, value, f"a share that fits the cluster ({where})")
+    wanted = runtime_cfg.num_actors
+    if wanted == "auto":
+        return fits
+    if wanted > fits:
+        raise ScenarioError("runtime.num_actors", wanted, f"at most {fits} actors ({where}), or 'auto'")
+    return wanted
+
+
+class RayRuntime:
+    """Starts (or joins) Ray, creates the ClientActors, broadcasts payloads through the object store."""
+
+    def __init__(self, runtime_cfg):
+        self.cfg = runtime_cfg
+        self.actors = []
+        self.num_actors = 0
+        self._owns_ray = False
+
+    def load(self, scenario: dict, dataset) -> None:
+        from actors.client_actor import ClientActor
+
+        cfg = self.cfg
+        if not ray.is_initialized():
+            if cfg.address is None:
+                cpus, gpus = embedded_resources(cfg)
+                plan_actors(cfg, cpus, gpus)  # bad input fails before Ray starts
+                ray.init(num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False,
+                         logging_level=logging.WARNING)
+            else:
+                ray.init(address=cfg.address, logging_level=logging.WARNING)
+            self._owns_ray = True
+        resources = ray.cluster_resources()
+        self.num_actors = plan_actors(cfg, resources.get("CPU", 0.0), resources.get("GPU", 0.0))
+        table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
+        options = {"num_cpus": cfg.cpus_per_actor, "num_gpus": cfg.gpus_per_actor}
+        self.actors = [ClientActor.options(**options).remote(scenario, table, i) for i in range(self.num_actors)]
+
+    def broadcast(self, payload: dict):
+        return ray.put(payload)
+
+    def submit(self, actor: int, handle, tasks: list):
+        return self.actors[actor].run.remote(handle, tasks)
+
+    def gather(self, pending: list) -> list:
+        return ray.get(pending)
+
+    def describe(self) -> list:
+        return ray.get([a.info.remote() for a in self.actors])
+
+    def close(self) -> None:
+        """Shut down the embedded Ray, or only this run's actors when Ray was already running."""
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+        else:
+            for actor in self.actors:
+                ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,119 @@
+"""The algorithm interface every federated algorithm implements.
+
+An algorithm is explicit server state plus pure functions (in the style of
+FedJAX's ``FederatedAlgorithm`` and optax's ``GradientTransformation``):
+
+    init(params)                      -> server state (dict of tensors)
+    payload(state)                    -> what clients receive (dict of tensors)
+    client_update(payload, ctx)       -> ClientUpdates for a task of several clients (vectorized)
+    aggregate(state, updates)         -> new server state   (synchronous rounds)
+    global_params(state)              -> the flat parameters to evaluate and save
+
+Every random draw of client work comes from ``ctx.rngs`` (one stream per client
+and task), so results do not depend on where or with whom a client ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from raysim.algorithms.local_sgd import batch_schedule, local_sgd
+from raysim.models import FlatModel
+
+
+@dataclass
+class ClientContext:
+    """What a task of C clients sees on the host that runs it."""
+
+    client_ids: np.ndarray  # [C]
+    rngs: list  # one numpy Generator per client, seeded from (seed, stream, client, task counter)
+    model: FlatModel
+    features: torch.Tensor  # every row of the data set, on the host's device
+    labels: torch.Tensor
+    offsets: np.ndarray  # [C, 3]: train_start, test_start, test_end
+    device: torch.device
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return self.offsets[:, 1] - self.offsets[:, 0]
+
+
+@dataclass
+class ClientUpdates:
+    """Per-client results of one or more tasks, one row per client."""
+
+    client_ids: np.ndarray  # [C] int64
+    samples: np.ndarray  # [C] training samples the client holds
+    train_loss: np.ndarray  # [C] mean minibatch loss of its local work
+    tensors: dict = field(default_factory=dict)  # name -> [C, ...] float tensor on CPU
+    compute_seconds: np.ndarray | None = None  # [C] wall seconds attributed to each client
+    actor: np.ndarray | None = None  # [C] index of the actor that ran it
+
+    @staticmethod
+    def concat(parts: list) -> "ClientUpdates":
+        """Join several tasks' results, sorted by client id (the aggregation order)."""
+        ids = np.concatenate([p.client_ids for p in parts])
+        order = np.argsort(ids, kind="stable")
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])[order]
+        tensors = {k: torch.cat([p.tensors[k] for p in parts])[torch.from_numpy(order)] for k in parts[0].tensors}
+        return ClientUpdates(ids[order], cat("samples"), cat("train_loss"), tensors,
+                             cat("compute_seconds"), cat("actor"))
+
+
+@dataclass
+class Personalized:
+    """Per-client test results after local fine-tuning."""
+
+    client_ids: np.ndarray
+    test_loss_sum: np.ndarray
+    test_correct: np.ndarray
+    test_rows: np.ndarray
+
+
+class Algorithm:
+    """Base class: holds the algorithm's config; subclasses implement the interface."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def init(self, params: torch.Tensor) -> dict:
+        raise NotImplementedError
+
+    def payload(self, state: dict) -> dict:
+        raise NotImplementedError
+
+    def client_update(self, payload: dict, ctx: ClientContext) -> ClientUpdates:
+        raise NotImplementedError
+
+    def aggregate(self, state: dict, updates: ClientUpdates) -> dict:
+        raise NotImplementedError
+
+    def global_params(self, state: dict) -> torch.Tensor:
+        return state["params"]
+
+    def personalize(self, payload: dict, ctx: ClientContext, steps: int, lr: float) -> Personalized:
+        """Fine-tune the whole model ``steps`` SGD steps on each client, then test it there."""
+        start = payload["params"].to(ctx.device).expand(len(ctx.client_ids), -1)
+        sched = batch_schedule(ctx.offsets[:, 0], ctx.train_sizes, ctx.rngs, self.cfg.batch_size, 1, steps)
+        params, _ = local_sgd(ctx.model, start, ctx.features, ctx.labels, sched, lr, self.cfg.weight_decay)
+        loss_sum, correct, rows = [], [], []
+        with torch.no_grad():
+            for p, (_, lo, hi) in zip(params, ctx.offsets):
+                logits = ctx.model.logits(p, ctx.features[lo:hi])
+                y = ctx.labels[lo:hi]
+                loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())
+                correct.append(int((logits.argmax(1) == y).sum()))
+                rows.append(int(hi - lo))
+        return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
+
+
+def weighted_sum(vectors: torch.Tensor, weights: np.ndarray) -> torch.Tensor:
+    """Σ_k weights[k]·vectors[k] in float64, accumulated in row order (client-id order)."""
+    acc = torch.zeros(vectors.shape[1:], dtype=torch.float64)
+    for w, v in zip(weights.tolist(), vectors):
+        acc.add_(v.double(), alpha=w)
+    return acc

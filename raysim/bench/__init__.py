@@ -1,0 +1,95 @@
+"""``raysim bench``: workloads W1 (and W2) run by raysim and by a bare PyTorch loop in one command.
+
+Each side runs in its own fresh process, so wall time includes start-up (imports,
+data generation, Ray start-up and shut-down) and memory is the peak of that
+process tree. Figures are printed as ratios against the bare loop measured in
+the same command; nothing is compared with numbers from another machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from raysim.bench.process_tree import measure
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "bench"
+MB = 1024 * 1024
+
+
+def _steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
+    """(updates/s, seconds per round) over every round but the first (warm-up)."""
+    rounds = round_seconds[1:] or round_seconds
+    per_round = sum(rounds) / len(rounds)
+    return clients_per_round / per_round, per_round
+
+
+def run_raysim(workload: str, out: Path) -> dict:
+    """``raysim run`` of a workload in a fresh process."""
+    run_dir = out / workload / "raysim"
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(SCENARIOS / f"{workload}.yaml"), "--quiet",
+           f"output.dir={run_dir}"]
+    figures = measure(cmd)
+    if figures["returncode"] != 0:
+        raise RuntimeError(f"raysim run of {workload} failed with exit code {figures['returncode']}")
+    rounds = pq.read_table(run_dir / "rounds.parquet").to_pydict()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    walls = rounds["wall_time"]
+    round_seconds = [b - a for a, b in zip([0.0] + walls[:-1], walls)]
+    ups, per_round = _steady(round_seconds, rounds["clients"][0])
+    return dict(figures, updates_per_second=ups, seconds_per_round=per_round,
+                final_test_accuracy=summary["final_test_accuracy"], actors=summary["num_actors"])
+
+
+def run_bare(workload: str, out: Path) -> dict:
+    """The bare single-thread loop of a workload in a fresh process."""
+    (out / workload).mkdir(parents=True, exist_ok=True)
+    result_file = out / workload / "bare.json"
+    figures = measure([sys.executable, "-m", "raysim.bench.bare_loop", str(SCENARIOS / f"{workload}.yaml"),
+                       str(result_file)])
+    if figures["returncode"] != 0:
+        raise RuntimeError(f"bare loop of {workload} failed with exit code {figures['returncode']}")
+    result = json.loads(result_file.read_text())
+    ups, per_round = _steady(result["round_seconds"], result["clients_per_round"])
+    return dict(figures, updates_per_second=ups, seconds_per_round=per_round,
+                final_test_accuracy=result["final_test_accuracy"], actors=0)
+
+
+def _row(name: str, r: dict) -> str:
+    return (f"{name:14s} {r['wall_seconds']:8.2f} {r['updates_per_second']:10.0f} {r['seconds_per_round']:10.4f} "
+            f"{r['peak_pss'] / MB:9.0f} {r['peak_rss'] / MB:9.0f} {r['final_test_accuracy']:8.4f}")
+
+
+def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench") -> int:
+    """Run W1 (and W2) on both sides, print the figures and ratios; writes bench.json in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    workloads = ["w1", "w2"] if w2 else ["w1"]
+    sides = [s for s in ("bare", "raysim") if only in (None, s)]
+    results = {}
+    print(f"raysim bench on {os.cpu_count()} CPUs; each side in a fresh process (wall includes start-up)")
+    print(f"{'run':14s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MB':>9s} {'RSS MB':>9s} {'accuracy':>8s}")
+    for workload in workloads:
+        for side in sides:
+            r = run_bare(workload, out) if side == "bare" else run_raysim(workload, out)
+            results[f"{workload}/{side}"] = r
+            print(_row(f"{workload}/{side}", r), flush=True)
+    ratios = {}
+    for workload in workloads:
+        bare, ray = results.get(f"{workload}/bare"), results.get(f"{workload}/raysim")
+        if bare and ray:
+            ratios[workload] = {"wall": ray["wall_seconds"] / bare["wall_seconds"],
+                                "updates_per_second": ray["updates_per_second"] / bare["updates_per_second"]}
+            print(f"{workload}: raysim/bare wall {ratios[workload]['wall']:.2f}x (target <= 1.3), "
+                  f"steady updates/s {ratios[workload]['updates_per_second']:.2f}x (target >= 1.5), "
+                  f"raysim peak PSS {ray['peak_pss'] / MB:.0f} MB (target <= 1229)")
+    if w2 and "w1/raysim" in results and "w2/raysim" in results:
+        growth = results["w2/raysim"]["seconds_per_round"] / results["w1/raysim"]["seconds_per_round"]
+        ratios["w2_over_w1_round_time"] = growth
+        print(f"raysim per-round time W2/W1 {growth:.2f}x (target <= 1.1)")
+    (out / "bench.json").write_text(json.dumps({"results": results, "ratios": ratios}, indent=2) + "\n")
+    return 0

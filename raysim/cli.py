@@ -1,0 +1,148 @@
+"""The ``raysim`` command: run, validate, list, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from raysim.errors import DivergenceError, ScenarioError
+
+EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+def make_runtime(cfg):
+    """The runtime ``runtime.backend`` names (the only place outside actors/ that reaches Ray)."""
+    if cfg.runtime.backend == "local":
+        from raysim.engine.runtime import LocalRuntime
+
+        return LocalRuntime()
+    from actors.runtime import RayRuntime
+
+    return RayRuntime(cfg.runtime)
+
+
+class ProgressBar:
+    """tqdm bar over rounds showing accuracy and client updates per second."""
+
+    def __init__(self, total: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="round", disable=not enabled, dynamic_ncols=True)
+        self.began = time.perf_counter()
+
+    def __call__(self, r: int, last: dict, client_updates: int):
+        self.bar.update(1)
+        acc = last["test_accuracy"]
+        rate = client_updates / max(time.perf_counter() - self.began, 1e-9)
+        self.bar.set_postfix({"acc": "-" if acc != acc else f"{acc:.4f}", "upd/s": f"{rate:.0f}"})
+
+    def close(self):
+        self.bar.close()
+
+
+def cmd_run(args) -> int:
+    from raysim.config import load_scenario
+    from raysim.engine.simulation import prepare, run_scenario
+
+    began = time.perf_counter()
+    cfg = load_scenario(args.scenario, args.overrides)
+    dataset, model = prepare(cfg)
+    runtime = make_runtime(cfg)
+    bar = ProgressBar(cfg.execution.rounds, enabled=not args.quiet)
+    try:
+        summary = run_scenario(cfg, dataset, model, runtime, progress=bar, began=began)
+    except DivergenceError as exc:
+        summary = exc
+    finally:
+        bar.close()
+        runtime.close()
+    if isinstance(summary, DivergenceError):
+        print(f"error: {summary}\nmetrics written so far are in {cfg.output.dir}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    if not args.quiet:
+        acc = summary["final_test_accuracy"]
+        print(f"{cfg.name}: {summary['rounds']} rounds, {summary['client_updates']} client updates, "
+              f"final test accuracy {acc if acc is None else round(acc, 4)}, "
+              f"{summary['wall_seconds']:.1f} s wall -> {cfg.output.dir}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from raysim.config import load_scenario
+    from raysim.engine.simulation import prepare
+
+    cfg = load_scenario(args.scenario, args.overrides)
+    dataset, model = prepare(cfg)
+    print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
+          f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
+          f"algorithm {cfg.algorithm.name}, {cfg.execution.rounds} rounds")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from raysim.algorithms import ALGORITHMS
+    from raysim.config import describe_keys
+    from raysim.data import DATASETS
+    from raysim.data.partition import PARTITIONERS
+    from raysim.models import MODELS
+
+    sections = [("datasets (data.kind)", DATASETS), ("partitioners (data.partition.kind, digits)", PARTITIONERS),
+                ("models (model.kind)", MODELS), ("algorithms (algorithm.name)", {k: v[1] for k, v in ALGORITHMS.items()})]
+    for title, table in sections:
+        print(title)
+        for name, text in sorted(table.items()):
+            print(f"  {name:18s} {text}")
+    print("scenario keys (default)")
+    for key, default in describe_keys():
+        print(f"  {key:32s} {default!r}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from raysim.bench import run_bench
+
+    return run_bench(w2=args.w2, only=args.only, out_dir=args.out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raysim", description="Federated learning simulator on Ray and PyTorch.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a scenario")
+    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm.lr=0.1")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
+    run.set_defaults(func=cmd_run)
+    val = sub.add_parser("validate", help="check a scenario and overrides without running it")
+    val.add_argument("scenario")
+    val.add_argument("overrides", nargs="*")
+    val.set_defaults(func=cmd_validate)
+    lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms and every scenario key")
+    lst.set_defaults(func=cmd_list)
+    bench = sub.add_parser("bench", help="workload W1 (and W2) against a bare PyTorch loop, same run")
+    bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")
+    bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
+    bench.add_argument("--out", default="results/bench", help="directory for the runs' outputs")
+    bench.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(e.startswith("-") for e in extra)):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # key=value overrides given after an option such as --quiet
+        args.overrides = list(args.overrides) + extra
+    try:
+        return args.func(args)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted: metrics written so far are kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

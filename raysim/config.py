@@ -1,0 +1,346 @@
+"""Scenario schema (omegaconf structured configs): load, override, validate.
+
+A scenario is a YAML file whose top-level keys are exactly ``name``, ``seed``,
+``data``, ``model``, ``algorithm``, ``execution``, ``system``, ``runtime``,
+``eval`` and ``output``. Every key, its type and its default is declared
+below; :func:`load_scenario` merges a file and ``key=value`` overrides onto
+the schema and :func:`validate` checks values, so that bad input fails before
+Ray starts with one line naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
+
+from raysim.errors import ScenarioError
+
+
+@dataclass
+class PartitionConfig:
+    """How a centralized data set (digits) is split across clients."""
+
+    kind: str = "iid"  # iid | dirichlet | shards | pathological
+    alpha: float = 0.5  # dirichlet concentration
+    shards_per_client: int = 2  # shards
+    per_class: int = 10  # pathological: train images per class (a)
+    test_per_class: int = 4  # pathological: test images per class
+    diff_hetero: bool = False  # pathological: second group keeps one class only
+
+
+@dataclass
+class DataConfig:
+    """The federated data set."""
+
+    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | parquet
+    num_clients: int = 100
+    alpha: float = 1.0  # leaf_synthetic: model heterogeneity (variance)
+    beta: float = 1.0  # leaf_synthetic: data heterogeneity (variance)
+    test_fraction: float = 0.2  # share of each client's rows held out for testing
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    path: Optional[str] = None  # parquet: file or directory
+    label_column: str = "label"
+    client_column: str = "client_id"
+    feature_columns: Optional[List[str]] = None
+    image_shape: Optional[List[int]] = None
+
+
+@dataclass
+class ModelConfig:
+    """The model trained by every client (deterministic init from ``seed``)."""
+
+    kind: str = "mlp"  # logreg | mlp | cnn
+    hidden: List[int] = field(default_factory=lambda: [64])  # mlp hidden sizes
+    activation: str = "relu"  # mlp: relu | elu | tanh | sigmoid
+    channels: List[int] = field(default_factory=lambda: [16, 32])  # cnn conv channels
+
+
+@dataclass
+class AlgorithmConfig:
+    """The federated algorithm and its client optimizer."""
+
+    name: str = "fedavg"
+    lr: float = 0.05  # client learning rate
+    batch_size: int = 10
+    local_epochs: int = 1
+    local_steps: Optional[int] = None  # if set, a fixed number of steps replaces epochs
+    weight_decay: float = 0.0
+    server_lr: float = 1.0
+
+
+@dataclass
+class ExecutionConfig:
+    """How the server drives training."""
+
+    mode: str = "sync"
+    rounds: int = 20
+    clients_per_round: int = 10
+
+
+@dataclass
+class SystemConfig:
+    """Virtual-time system model (devices, networks, availability); empty for now."""
+
+
+@dataclass
+class RuntimeConfig:
+    """Where client work runs."""
+
+    backend: str = "ray"  # ray | local
+    num_actors: Any = "auto"  # int or "auto"
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    address: Optional[str] = None  # null: start an embedded local Ray
+    num_cpus: Optional[int] = None  # embedded Ray: CPUs to declare (null: all)
+    num_gpus: Optional[float] = None  # embedded Ray: GPUs to declare (null: detect)
+    clients_per_task: int = 25  # clients trained together (vectorized) in one task
+    torch_threads: int = 1  # torch threads inside client work
+
+
+@dataclass
+class EvalConfig:
+    """Global (and optionally personalized) evaluation."""
+
+    every: int = 1  # rounds between evaluations; 0: only at the end
+    personalized_steps: int = 0  # >0: fine-tune this many local steps before testing
+    personalized_lr: Optional[float] = None  # null: algorithm.lr
+
+
+@dataclass
+class OutputConfig:
+    """Where results go."""
+
+    dir: str = "results/${name}"
+    save_model: bool = True
+    flush_seconds: float = 2.0  # Parquet files are rewritten at most this often
+
+
+@dataclass
+class Scenario:
+    """A whole scenario."""
+
+    name: str = "scenario"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+TOP_LEVEL_KEYS = tuple(Scenario.__dataclass_fields__)
+
+
+def load_scenario(path: Optional[str], overrides: List[str] = ()) -> DictConfig:
+    """Merge a scenario file and ``key=value`` overrides onto the schema and validate.
+
+    Raises :class:`ScenarioError` for any problem, naming the key.
+    """
+    schema = OmegaConf.structured(Scenario)
+    layers = []
+    if path is not None:
+        layers.append(_read_yaml(path))
+    layers.append(_parse_overrides(overrides))
+    cfg = schema
+    for layer in layers:
+        _check_unknown_keys(layer, schema)
+        try:
+            cfg = OmegaConf.merge(cfg, layer)
+        except OmegaConfBaseException as exc:
+            raise _translate(exc) from None
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        raise _translate(exc) from None
+    validate(cfg)
+    return cfg
+
+
+def _read_yaml(path: str) -> DictConfig:
+    if not os.path.isfile(path):
+        raise ScenarioError("scenario", path, "an existing YAML file")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:  # yaml errors come in several types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScenarioError("scenario", path, f"valid YAML ({first})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ScenarioError("scenario", path, "a YAML mapping of keys to values")
+    return loaded
+
+
+def _parse_overrides(overrides) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ScenarioError("override", item, "key=value, e.g. algorithm.lr=0.1")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ScenarioError("override", " ".join(overrides), f"key=value pairs ({exc})") from None
+
+
+def _check_unknown_keys(layer: DictConfig, schema: DictConfig, prefix: str = "") -> None:
+    """Reject keys the schema does not declare, listing the allowed ones."""
+    for key in layer.keys():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            allowed = ", ".join(str(k) for k in schema.keys()) or "no key yet"
+            raise ScenarioError(path, _raw(layer, key), f"a known key; allowed here: {allowed}")
+        sub, child = schema[key], layer._get_node(key)
+        if isinstance(sub, DictConfig) and isinstance(child, DictConfig):
+            _check_unknown_keys(child, sub, path + ".")
+
+
+def _raw(layer: DictConfig, key) -> Any:
+    value = layer._get_node(key)._value()
+    return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _translate(exc: OmegaConfBaseException) -> ScenarioError:
+    """Turn an omegaconf merge/resolve error into a one-line ScenarioError."""
+    key = getattr(exc, "full_key", None) or "scenario"
+    if isinstance(exc, (InterpolationResolutionError, GrammarParseError)):
+        return ScenarioError(key, "${...}", f"an interpolation that resolves ({str(exc).splitlines()[0]})")
+    return ScenarioError(key, getattr(exc, "value", None), f"a value of type {_declared_type(key)}")
+
+
+def _declared_type(key: str) -> str:
+    """The schema's type for a dotted key, e.g. 'int' or 'Optional[float]'."""
+    node = OmegaConf.structured(Scenario)
+    for part in key.split("."):
+        node = node._get_node(part)
+    ref = node._metadata.ref_type
+    return getattr(ref, "__name__", None) if not hasattr(ref, "__args__") else str(ref).replace("typing.", "")
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _check(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ScenarioError(key, value, allowed)
+
+
+def _one_of(key: str, value, names) -> None:
+    names = sorted(names)
+    _check(value in names, key, value, "one of " + ", ".join(names))
+
+
+def _positive(key: str, value, integer: bool = False) -> None:
+    _check(value > 0, key, value, "a positive integer" if integer else "a number > 0")
+
+
+def _non_negative(key: str, value) -> None:
+    _check(value >= 0, key, value, "a number >= 0")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value of a merged scenario; raise ScenarioError on the first bad one."""
+    from raysim.algorithms import ALGORITHMS
+    from raysim.data import DATASETS
+    from raysim.data.partition import PARTITIONERS
+    from raysim.models import ACTIVATIONS, MODELS
+
+    _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
+           "a non-empty name of letters, digits, '.', '_' or '-'")
+    _non_negative("seed", cfg.seed)
+
+    d = cfg.data
+    _one_of("data.kind", d.kind, DATASETS)
+    _positive("data.num_clients", d.num_clients, integer=True)
+    _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
+    _positive("data.alpha", d.alpha)
+    _positive("data.beta", d.beta)
+    if d.kind == "digits":
+        p = d.partition
+        _one_of("data.partition.kind", p.kind, PARTITIONERS)
+        _positive("data.partition.alpha", p.alpha)
+        _positive("data.partition.shards_per_client", p.shards_per_client, integer=True)
+        _positive("data.partition.per_class", p.per_class, integer=True)
+        _non_negative("data.partition.test_per_class", p.test_per_class)
+        if p.kind == "pathological":
+            _check(d.num_clients % 2 == 0, "data.num_clients", d.num_clients,
+                   "an even number with data.partition.kind=pathological")
+    if d.kind == "parquet":
+        _check(d.path is not None and os.path.exists(d.path), "data.path", d.path,
+               "an existing Parquet file or directory")
+    if d.image_shape is not None:
+        _check(len(d.image_shape) in (2, 3) and all(s > 0 for s in d.image_shape), "data.image_shape",
+               list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
+
+    m = cfg.model
+    _one_of("model.kind", m.kind, MODELS)
+    _check(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
+    _one_of("model.activation", m.activation, ACTIVATIONS)
+    _check(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
+           "a non-empty list of positive channel counts")
+
+    a = cfg.algorithm
+    _one_of("algorithm.name", a.name, ALGORITHMS)
+    _positive("algorithm.lr", a.lr)
+    _positive("algorithm.batch_size", a.batch_size, integer=True)
+    _positive("algorithm.local_epochs", a.local_epochs, integer=True)
+    if a.local_steps is not None:
+        _positive("algorithm.local_steps", a.local_steps, integer=True)
+    _non_negative("algorithm.weight_decay", a.weight_decay)
+    _positive("algorithm.server_lr", a.server_lr)
+
+    e = cfg.execution
+    _one_of("execution.mode", e.mode, ["sync"])
+    _positive("execution.rounds", e.rounds, integer=True)
+    if d.kind != "parquet":  # a Parquet file decides its own number of clients
+        _check(1 <= e.clients_per_round <= d.num_clients, "execution.clients_per_round", e.clients_per_round,
+               f"an integer in [1, data.num_clients={d.num_clients}]")
+    else:
+        _positive("execution.clients_per_round", e.clients_per_round, integer=True)
+
+    r = cfg.runtime
+    _one_of("runtime.backend", r.backend, ["local", "ray"])
+    na = r.num_actors
+    _check(na == "auto" or (isinstance(na, int) and not isinstance(na, bool) and na > 0),
+           "runtime.num_actors", na, "a positive integer or 'auto'")
+    _positive("runtime.cpus_per_actor", r.cpus_per_actor)
+    _non_negative("runtime.gpus_per_actor", r.gpus_per_actor)
+    _check(r.gpus_per_actor <= 1 or float(r.gpus_per_actor).is_integer(), "runtime.gpus_per_actor",
+           r.gpus_per_actor, "a fraction in [0, 1] or a whole number of GPUs")
+    if r.num_cpus is not None:
+        _positive("runtime.num_cpus", r.num_cpus, integer=True)
+    if r.num_gpus is not None:
+        _non_negative("runtime.num_gpus", r.num_gpus)
+    _positive("runtime.clients_per_task", r.clients_per_task, integer=True)
+    _positive("runtime.torch_threads", r.torch_threads, integer=True)
+
+    v = cfg.eval
+    _non_negative("eval.every", v.every)
+    _non_negative("eval.personalized_steps", v.personalized_steps)
+    if v.personalized_lr is not None:
+        _positive("eval.personalized_lr", v.personalized_lr)
+
+    _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
+    _non_negative("output.flush_seconds", cfg.output.flush_seconds)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    """The resolved scenario as YAML text."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def describe_keys(node=None, prefix: str = "") -> List[tuple]:
+    """(key path, default) for every key of the schema, for docs and ``raysim list``."""
+    node = OmegaConf.structured(Scenario) if node is None else node
+    rows = []
+    for key in node.keys():
+        value = node[key]
+        path = f"{prefix}{key}"
+        if isinstance(value, DictConfig):
+            rows.extend(describe_keys(value, path + "."))
+        else:
+            rows.append((path, OmegaConf.to_container(value) if isinstance(value, ListConfig) else value))
+    return rows

@@ -1,0 +1,45 @@
+"""Federated datasets (one Arrow table per dataset) and the builders behind ``data.kind``."""
+
+from __future__ import annotations
+
+from raysim.data.federated import FederatedDataset
+from raysim.data.generators import digits, gaussian_mixture, leaf_synthetic
+from raysim.data.parquet import load_parquet
+from raysim.data.partition import PARTITIONERS, partition
+from raysim.errors import ScenarioError
+
+__all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "build_dataset", "digits",
+           "gaussian_mixture", "leaf_synthetic", "load_parquet", "partition"]
+
+DATASETS: dict[str, str] = {
+    "digits": "scikit-learn 8x8 digits split over clients (keys: num_clients, test_fraction, partition.*)",
+    "gaussian_mixture": "10-class Gaussian mixture with per-client shift and label skew, "
+                        "10 test rows per client (keys: num_clients)",
+    "leaf_synthetic": "LEAF/FedProx Synthetic(alpha, beta) (keys: num_clients, alpha, beta, test_fraction)",
+    "parquet": "rows of a Parquet file or directory; the file decides the clients "
+               "(keys: path, label_column, client_column, feature_columns, image_shape, test_fraction)",
+}
+
+
+def build_dataset(data_cfg, seed: int) -> FederatedDataset:
+    """Build the dataset that ``data_cfg.kind`` names (see ``DATASETS``) with ``seed``.
+
+    ``num_clients`` is the number of clients to generate or split into, except for ``parquet``,
+    where it is ignored: the file's client column decides. ``gaussian_mixture`` ignores
+    ``test_fraction`` (it always holds out 10 rows per client).
+    """
+    kind = data_cfg.kind
+    if kind == "gaussian_mixture":
+        return gaussian_mixture(data_cfg.num_clients, seed)
+    if kind == "leaf_synthetic":
+        return leaf_synthetic(data_cfg.num_clients, data_cfg.alpha, data_cfg.beta, seed,
+                              data_cfg.test_fraction)
+    if kind == "digits":
+        return digits(data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed)
+    if kind == "parquet":
+        feature_columns, image_shape = data_cfg.feature_columns, data_cfg.image_shape
+        return load_parquet(data_cfg.path, data_cfg.label_column, data_cfg.client_column,
+                            None if feature_columns is None else list(feature_columns),
+                            None if image_shape is None else list(image_shape),
+                            data_cfg.test_fraction, seed)
+    raise ScenarioError("data.kind", kind, "one of " + ", ".join(sorted(DATASETS)))

@@ -1,0 +1,28 @@
+"""Checks of scenario values shared by the data builders."""
+
+from __future__ import annotations
+
+import numbers
+
+from raysim.errors import ScenarioError
+
+
+def check_num_clients(num_clients) -> int:
+    """``data.num_clients`` must be an integer >= 1."""
+    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients < 1:
+        raise ScenarioError("data.num_clients", num_clients, "an integer >= 1")
+    return int(num_clients)
+
+
+def check_test_fraction(test_fraction) -> float:
+    """``data.test_fraction`` must be a number in [0, 1)."""
+    if not isinstance(test_fraction, numbers.Real) or not 0.0 <= test_fraction < 1.0:
+        raise ScenarioError("data.test_fraction", test_fraction, "a number in [0, 1)")
+    return float(test_fraction)
+
+
+def check_count(key: str, value, minimum: int) -> int:
+    """An integer scenario value must be >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ScenarioError(key, value, f"an integer >= {minimum}")
+    return int(value)

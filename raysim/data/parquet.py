@@ -1,0 +1,149 @@
+"""Load a federated dataset from Parquet: one row per sample, with a client and a label column."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raysim.data._checks import check_test_fraction
+from raysim.data.federated import FederatedDataset
+from raysim.errors import ScenarioError
+
+SPLIT_COLUMN = "split"
+
+
+def _array(table: pa.Table, name: str) -> pa.Array:
+    """A column as one Array, dictionary-decoded (hive partition columns are dictionaries)."""
+    arr = table.column(name).combine_chunks()
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _features(table: pa.Table, columns: list[str], requested) -> np.ndarray:
+    """float32 ``[N, D]`` from one list column or several numeric scalar columns."""
+    def bad(allowed: str) -> ScenarioError:
+        return ScenarioError("data.feature_columns", requested, allowed)
+
+    if not columns:
+        raise bad("at least one feature column besides the label, client and split columns")
+    arrays = [_array(table, name) for name in columns]
+    if any(a.null_count for a in arrays):
+        raise bad("feature columns without missing values")
+    n = table.num_rows
+    first = arrays[0].type
+    if len(arrays) == 1 and (pa.types.is_list(first) or pa.types.is_large_list(first)
+                             or pa.types.is_fixed_size_list(first)):
+        lengths = pc.list_value_length(arrays[0]).to_numpy(zero_copy_only=False)
+        values = arrays[0].flatten()
+        if not _is_numeric(values.type) or values.null_count:
+            raise bad("a list column of numbers without missing values")
+        if (lengths != lengths[0]).any() or lengths[0] == 0:
+            raise bad("a list column whose rows all have the same, non-zero length")
+        return values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, -1)
+    non_numeric = [name for name, a in zip(columns, arrays) if not _is_numeric(a.type)]
+    if non_numeric:
+        raise bad(f"numeric columns or a single list column (not numeric: {', '.join(non_numeric)})")
+    x = np.empty((n, len(arrays)), dtype=np.float32)
+    for j, a in enumerate(arrays):
+        x[:, j] = a.to_numpy(zero_copy_only=False)
+    return x
+
+
+def load_parquet(path: str, label_column: str, client_column: str, feature_columns: list[str] | None,
+                 image_shape: list[int] | None, test_fraction: float, seed: int) -> FederatedDataset:
+    """Read a Parquet file (or a directory of them) into a federated dataset.
+
+    Client ids may be any integers or strings; they become ``0..num_clients-1`` in sorted order.
+    Features are ``feature_columns`` (default: every column but the label, client and ``split``
+    columns): one list column, or numeric scalar columns stacked in order. An optional ``split``
+    column ('train'/'test', or 0/1) fixes the split; otherwise each client's rows are shuffled
+    with ``seed`` and ``round(test_fraction * n)`` of them (keeping >= 1 train row) go to test.
+    ``num_classes`` is the largest label + 1; ``image_shape`` (optional) reshapes the features.
+    """
+    test_fraction = check_test_fraction(test_fraction)
+    if path is None or not os.path.exists(path):
+        raise ScenarioError("data.path", path, "an existing Parquet file or directory")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        reason = " ".join(str(exc).split())
+        raise ScenarioError("data.path", path, f"a readable Parquet file or directory ({reason})") from None
+    names = table.column_names
+    for key, column in (("data.label_column", label_column), ("data.client_column", client_column)):
+        if column not in names:
+            raise ScenarioError(key, column, "one of the columns in the file: " + ", ".join(names))
+    if table.num_rows == 0:
+        raise ScenarioError("data.path", path, "a Parquet file or directory with at least one row")
+
+    if feature_columns is None:
+        columns = [c for c in names if c not in (label_column, client_column, SPLIT_COLUMN)]
+    else:
+        columns = list(feature_columns)
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ScenarioError("data.feature_columns", columns,
+                                f"columns of the file ({', '.join(missing)} missing; "
+                                f"the file has {', '.join(names)})")
+    x = _features(table, columns, None if feature_columns is None else columns)
+    dim = x.shape[1]
+    if image_shape is None:
+        feature_shape = (dim,)
+    else:
+        feature_shape = tuple(int(d) for d in image_shape)
+        if not feature_shape or min(feature_shape) < 1 or int(np.prod(feature_shape)) != dim:
+            raise ScenarioError("data.image_shape", list(image_shape),
+                                f"positive sizes whose product is {dim}, the number of features")
+
+    labels = _array(table, label_column)
+    if labels.null_count or not pa.types.is_integer(labels.type) or pc.min(labels).as_py() < 0:
+        raise ScenarioError("data.label_column", label_column,
+                            "a column of non-negative integer labels without missing values")
+    y = labels.to_numpy(zero_copy_only=False).astype(np.int64)
+
+    ids = _array(table, client_column)
+    if ids.null_count:
+        raise ScenarioError("data.client_column", client_column, "a column without missing values")
+    unique_ids = pc.unique(ids)
+    unique_ids = unique_ids.take(pc.sort_indices(unique_ids))
+    client = pc.index_in(ids, value_set=unique_ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    num_clients = len(unique_ids)
+
+    if SPLIT_COLUMN in names:
+        split = _split_flags(_array(table, SPLIT_COLUMN), path)
+        order = np.lexsort((split, client))  # stable: keeps file order inside each part
+    else:
+        rng = np.random.default_rng(seed)
+        order = np.lexsort((rng.permutation(len(client)), client))
+        sizes = np.bincount(client, minlength=num_clients)
+        n_test = np.minimum(np.round(test_fraction * sizes), sizes - 1).astype(np.int64)
+        starts = np.cumsum(sizes) - sizes
+        position = np.arange(len(order)) - starts[client[order]]
+        split = np.empty(len(order), dtype=np.int8)
+        split[order] = position >= (sizes - n_test)[client[order]]
+    sizes_by_part = np.bincount(client * 2 + split, minlength=2 * num_clients).reshape(num_clients, 2)
+    no_train = np.flatnonzero(sizes_by_part[:, 0] == 0)
+    if len(no_train):
+        raise ScenarioError("data.path", path, "a file where every client has at least one train row "
+                                               f"(client {unique_ids[int(no_train[0])].as_py()!r} has none)")
+    return FederatedDataset.from_sorted(x[order], y[order], sizes_by_part[:, 0], sizes_by_part[:, 1],
+                                        int(y.max()) + 1, feature_shape)
+
+
+def _split_flags(arr: pa.Array, path: str) -> np.ndarray:
+    """0 for train, 1 for test, from a 'train'/'test' string column or a 0/1 integer column."""
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        flags = pc.index_in(arr, value_set=pa.array(["train", "test"], type=arr.type))
+    elif pa.types.is_integer(arr.type):
+        flags = pc.index_in(arr, value_set=pa.array([0, 1], type=arr.type))
+    else:
+        flags = None
+    if flags is None or flags.null_count:
+        raise ScenarioError("data.path", path, "a file whose 'split' column holds only 'train' or 'test'")
+    return flags.to_numpy(zero_copy_only=False).astype(np.int8)

@@ -1,0 +1,163 @@
+"""Partitioners that split a centralized labelled dataset over federated clients.
+
+Every partitioner returns ``(train_indices, test_indices)``: two lists with one int64
+array per client, indexing the centralized arrays.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from raysim.data._checks import check_count, check_num_clients, check_test_fraction
+from raysim.errors import ScenarioError
+
+PARTITIONERS: dict[str, str] = {
+    "dirichlet": "per-class Dirichlet(alpha) label skew, Hsu et al. 2019 (keys: alpha)",
+    "iid": "uniformly random, equal-sized clients",
+    "pathological": "Per-FedAvg split: half the clients hold classes 0-4, half a (j, j+5) pair "
+                    "(keys: per_class, test_per_class, diff_hetero; even num_clients)",
+    "shards": "label-sorted shards, McMahan et al. 2017 (keys: shards_per_client)",
+}
+
+Split = tuple[list[np.ndarray], list[np.ndarray]]
+
+
+def split_train_test(client_indices: list[np.ndarray], test_fraction: float,
+                     rng: np.random.Generator) -> Split:
+    """Shuffle each client's samples and keep ``round(test_fraction * n)`` for test (>= 1 train)."""
+    train, test = [], []
+    for idx in client_indices:
+        idx = rng.permutation(np.asarray(idx, dtype=np.int64))
+        n_train = len(idx) - min(round(test_fraction * len(idx)), len(idx) - 1)
+        train.append(idx[:n_train])
+        test.append(idx[n_train:])
+    return train, test
+
+
+def iid(labels: np.ndarray, num_clients: int, test_fraction: float, seed: int) -> Split:
+    """A random permutation cut into ``num_clients`` near-equal parts."""
+    if num_clients > len(labels):
+        raise ScenarioError("data.num_clients", num_clients,
+                            f"at most {len(labels)} (the number of samples) for the iid partition")
+    rng = np.random.default_rng(seed)
+    parts = np.array_split(rng.permutation(len(labels)), num_clients)
+    return split_train_test(parts, test_fraction, rng)
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction: float,
+              seed: int, min_size: int = 1, max_draws: int = 1000) -> Split:
+    """Per class, proportions ~ Dirichlet(alpha * 1); redrawn until each client has ``min_size``."""
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+        raise ScenarioError("data.partition.alpha", alpha, "a number > 0")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    concentration = np.full(num_clients, float(alpha))
+    for _ in range(max_draws):
+        draws = []
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            cuts = (np.cumsum(rng.dirichlet(concentration)) * len(idx)).astype(np.int64)
+            cuts[-1] = len(idx)  # guard against the float cumsum ending just below 1
+            draws.append((idx, cuts))
+        sizes = sum(np.diff(cuts, prepend=0) for _, cuts in draws)
+        if sizes.min() >= min_size:
+            clients = [np.concatenate([idx[(cuts[k - 1] if k else 0):cuts[k]] for idx, cuts in draws])
+                       for k in range(num_clients)]
+            return split_train_test(clients, test_fraction, rng)
+    shortfall = "no sample" if min_size == 1 else f"fewer than {min_size} samples"
+    raise ScenarioError("data.partition.alpha", alpha, f"a larger alpha or fewer clients: "
+                                                       f"some client got {shortfall} after {max_draws} draws")
+
+
+def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, test_fraction: float,
+           seed: int) -> Split:
+    """Sort by label, cut into ``num_clients * shards_per_client`` shards, deal them at random."""
+    shards_per_client = check_count("data.partition.shards_per_client", shards_per_client, 1)
+    num_shards = num_clients * shards_per_client
+    if num_shards > len(labels):
+        raise ScenarioError("data.partition.shards_per_client", shards_per_client,
+                            f"at most {len(labels) // num_clients} so that {num_clients} clients' "
+                            f"shards fit in {len(labels)} samples")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(len(labels))
+    order = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    pieces = np.array_split(order, num_shards)
+    deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return split_train_test([np.concatenate([pieces[s] for s in row]) for row in deal],
+                            test_fraction, rng)
+
+
+def pathological(labels: np.ndarray, num_clients: int, per_class: int, test_per_class: int,
+                 test_fraction: float, seed: int, diff_hetero: bool = False) -> Split:
+    """The Per-FedAvg split (Fallah et al. 2020).
+
+    Each class is shuffled and its first ``floor(n_c * (1 - test_fraction))`` samples form its
+    train pool, the rest its test pool. Clients ``0..n/2-1`` take ``per_class`` train and
+    ``test_per_class`` test samples of each class 0-4; client ``u >= n/2`` with
+    ``j = (u - n/2) mod 5`` takes ``per_class // 2`` of class ``j`` and ``2 * per_class`` of
+    class ``j + 5`` (test likewise), or only the class ``j + 5`` ones when ``diff_hetero``.
+    Samples are drawn from the pools without replacement, in client order.
+    """
+    if num_clients % 2:
+        raise ScenarioError("data.num_clients", num_clients, "an even number for the pathological partition")
+    per_class = check_count("data.partition.per_class", per_class, 1)
+    test_per_class = check_count("data.partition.test_per_class", test_per_class, 0)
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    pools = {"train": {}, "test": {}}
+    for c in range(10):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n_train = int(np.floor(len(idx) * (1.0 - test_fraction)))
+        pools["train"][c], pools["test"][c] = idx[:n_train], idx[n_train:]
+
+    def wants(a: int) -> list[dict[int, int]]:
+        half = num_clients // 2
+        first = [{c: a for c in range(5)} for _ in range(half)]
+        second = []
+        for u in range(half):
+            j = u % 5
+            second.append({j + 5: 2 * a} if diff_hetero else {j: a // 2, j + 5: 2 * a})
+        return first + second
+
+    out = {}
+    for part, a, key in (("train", per_class, "data.partition.per_class"),
+                         ("test", test_per_class, "data.partition.test_per_class")):
+        demand = wants(a)
+        for c, pool in pools[part].items():
+            need = sum(d.get(c, 0) for d in demand)
+            if need > len(pool):
+                raise ScenarioError(key, a, f"a smaller value: class {c} needs {need} {part} samples "
+                                            f"but only {len(pool)} are available")
+        taken = dict.fromkeys(range(10), 0)
+        out[part] = []
+        for d in demand:
+            chunks = []
+            for c, k in d.items():
+                chunks.append(pools[part][c][taken[c]:taken[c] + k])
+                taken[c] += k
+            out[part].append(np.concatenate(chunks).astype(np.int64))
+    return out["train"], out["test"]
+
+
+def partition(labels: np.ndarray, num_clients: int, cfg, test_fraction: float, seed: int) -> Split:
+    """Split centralized ``labels`` over clients as ``cfg.kind`` says (see ``PARTITIONERS``).
+
+    ``cfg`` has attributes ``kind``, ``alpha``, ``shards_per_client``, ``per_class``,
+    ``test_per_class`` and ``diff_hetero``.
+    """
+    num_clients = check_num_clients(num_clients)
+    test_fraction = check_test_fraction(test_fraction)
+    if cfg.kind == "iid":
+        return iid(labels, num_clients, test_fraction, seed)
+    if cfg.kind == "dirichlet":
+        return dirichlet(labels, num_clients, cfg.alpha, test_fraction, seed)
+    if cfg.kind == "shards":
+        return shards(labels, num_clients, cfg.shards_per_client, test_fraction, seed)
+    if cfg.kind == "pathological":
+        return pathological(labels, num_clients, cfg.per_class, cfg.test_per_class,
+                            test_fraction, seed, bool(cfg.diff_hetero))
+    raise ScenarioError("data.partition.kind", cfg.kind, "one of " + ", ".join(sorted(PARTITIONERS)))

@@ -1,0 +1,85 @@
+"""ClientHost: runs tasks of many virtual clients in one process (a ClientActor, or in-process)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+from omegaconf import OmegaConf
+
+from raysim.algorithms import ClientContext, make_algorithm
+from raysim.data import FederatedDataset
+from raysim.engine import rng
+from raysim.models import build_model
+
+
+@dataclass(frozen=True)
+class Task:
+    """Work for a group of clients, run together (vectorized): ``op`` is 'train' or 'personalize';
+    ``counter`` numbers the client's tasks (the round in synchronous mode) and seeds its RNG."""
+
+    op: str
+    client_ids: tuple
+    counter: int
+
+
+@contextmanager
+def torch_threads(n: int):
+    """Run a block with exactly ``n`` torch threads (determinism), then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class ClientHost:
+    """Hosts every virtual client: the data set (a zero-copy view of the Arrow table), the model
+    structure and the algorithm's client code. Any host can run any client."""
+
+    def __init__(self, scenario: dict, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
+        cfg = OmegaConf.create(scenario)
+        self.cfg, self.actor_index, self.device = cfg, actor_index, torch.device(device)
+        self.dataset = FederatedDataset(table)
+        self.offsets = self.dataset.offsets()
+        self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes,
+                                 cfg.seed).to(self.device)
+        self.algorithm = make_algorithm(cfg.algorithm)
+        with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            features = torch.from_numpy(self.dataset.features())
+            labels = torch.from_numpy(self.dataset.labels())
+        self.features = features.reshape(-1, *self.dataset.feature_shape).to(self.device)
+        self.labels = labels.to(self.device)
+
+    def run(self, payload: dict, tasks: list) -> list:
+        """Run tasks in order; one result per task (ClientUpdates or Personalized)."""
+        with torch_threads(self.cfg.runtime.torch_threads):
+            return [self._run_one(payload, task) for task in tasks]
+
+    def _run_one(self, payload: dict, task: Task):
+        ids = np.asarray(task.client_ids, dtype=np.int64)
+        kind = rng.TRAIN if task.op == "train" else rng.PERSONALIZE
+        ctx = ClientContext(ids, [rng.stream(self.cfg.seed, kind, int(c), task.counter) for c in ids],
+                            self.model, self.features, self.labels, self.offsets[ids], self.device)
+        if task.op == "personalize":
+            ev = self.cfg.eval
+            return self.algorithm.personalize(payload, ctx, ev.personalized_steps,
+                                              ev.personalized_lr or self.cfg.algorithm.lr)
+        began = time.perf_counter()
+        out = self.algorithm.client_update(payload, ctx)
+        wall = time.perf_counter() - began
+        out.compute_seconds = wall * ctx.train_sizes / ctx.train_sizes.sum()
+        out.actor = np.full(len(ids), self.actor_index, dtype=np.int64)
+        return out
+
+    def info(self) -> dict:
+        """Where this host runs: its device and torch thread count."""
+        return {"actor": self.actor_index, "device": str(self.device),
+                "torch_threads": self.cfg.runtime.torch_threads}

@@ -1,0 +1,12 @@
+"""Random streams: every draw is a pure function of (seed, stream, ids…), never of placement."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SAMPLING, TRAIN, PERSONALIZE = 0, 1, 2
+
+
+def stream(seed: int, kind: int, *ids: int) -> np.random.Generator:
+    """A numpy Generator for one purpose (``kind``) and the given ids (client, task counter…)."""
+    return np.random.default_rng([seed, kind, *ids])

@@ -1,0 +1,65 @@
+"""The runtime protocol (where client tasks run) and the in-process runtime.
+
+A runtime hosts ``num_actors`` ClientHosts. The engine broadcasts a payload once
+per model version and submits lists of tasks to hosts by index; placement never
+changes results, only speed. ``actors.runtime.RayRuntime`` implements the same
+protocol on Ray actors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from raysim.engine.host import ClientHost
+
+
+class Runtime(Protocol):
+    """What the engine needs from a runtime."""
+
+    num_actors: int
+
+    def load(self, scenario: dict, dataset) -> None:
+        """Create the hosts; the data set travels once."""
+
+    def broadcast(self, payload: dict) -> Any:
+        """Publish a payload once; returns a handle tasks refer to."""
+
+    def submit(self, actor: int, handle: Any, tasks: list) -> Any:
+        """Start ``tasks`` on host ``actor``; returns a pending result."""
+
+    def gather(self, pending: list) -> list:
+        """Wait for pending results; one list of task results per pending item."""
+
+    def describe(self) -> list:
+        """One dict per host: actor index, device, node, GPU ids…"""
+
+    def close(self) -> None:
+        """Release the hosts."""
+
+
+class LocalRuntime:
+    """Runs every task in this process on one ClientHost (no Ray); used by unit tests
+    and by ``runtime.backend: local``."""
+
+    num_actors = 1
+
+    def __init__(self):
+        self.host = None
+
+    def load(self, scenario: dict, dataset) -> None:
+        self.host = ClientHost(scenario, dataset.table)
+
+    def broadcast(self, payload: dict) -> dict:
+        return payload
+
+    def submit(self, actor: int, handle: dict, tasks: list) -> list:
+        return self.host.run(handle, tasks)
+
+    def gather(self, pending: list) -> list:
+        return pending
+
+    def describe(self) -> list:
+        return [dict(self.host.info(), node="local", gpu_ids=[])]
+
+    def close(self) -> None:
+        self.host = None

@@ -1,0 +1,17 @@
+"""Errors a user can cause, each with one clear line of text."""
+
+
+class ScenarioError(ValueError):
+    """A scenario key holds a value that is not allowed.
+
+    The message names the key path, the bad value and what is allowed, e.g.
+    ``data.kind = 'mnist': expected one of digits, gaussian_mixture``.
+    """
+
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key} = {value!r}: expected {allowed}")
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a non-finite loss or update."""

@@ -1,0 +1,5 @@
+"""Run outputs: Parquet logs written as the run goes, and the run summary."""
+
+from raysim.metrics.parquet_log import ParquetLog
+
+__all__ = ["ParquetLog"]

@@ -1,0 +1,85 @@
+"""Scenario loading and validation: every bad input is one clear line naming key, value and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from raysim.cli import main
+from raysim.config import TOP_LEVEL_KEYS, load_scenario
+from raysim.errors import ScenarioError
+
+
+def test_top_level_keys_are_the_interface():
+    assert TOP_LEVEL_KEYS == ("name", "seed", "data", "model", "algorithm", "execution", "system",
+                              "runtime", "eval", "output")
+
+
+def test_overrides_and_interpolation():
+    cfg = load_scenario("scenarios/quickstart.yaml", ["algorithm.lr=0.1", "execution.rounds=5",
+                                                      "runtime.num_actors=2", "output.dir=results/${name}-x"])
+    assert cfg.algorithm.lr == 0.1 and cfg.execution.rounds == 5 and cfg.runtime.num_actors == 2
+    assert cfg.output.dir == "results/quickstart-x"
+
+
+@pytest.mark.parametrize("overrides, key, must_contain", [
+    (["data.foo=1"], "data.foo", ["num_clients", "kind"]),
+    (["nonsense=3"], "nonsense", ["algorithm", "execution"]),
+    (["execution.rounds=abc"], "execution.rounds", ["abc", "int"]),
+    (["data.num_clients=-5"], "data.num_clients", ["-5", "positive integer"]),
+    (["execution.clients_per_round=500"], "execution.clients_per_round", ["500", "[1, data.num_clients=100]"]),
+    (["algorithm.lr=0"], "algorithm.lr", ["0", "> 0"]),
+    (["algorithm.lr=-0.1"], "algorithm.lr", ["-0.1", "> 0"]),
+    (["data.kind=mnist"], "data.kind", ["mnist", "digits, gaussian_mixture, leaf_synthetic, parquet"]),
+    (["model.kind=resnet"], "model.kind", ["resnet", "cnn, logreg, mlp"]),
+    (["algorithm.name=fedfoo"], "algorithm.name", ["fedfoo", "fedavg"]),
+    (["runtime.backend=spark"], "runtime.backend", ["spark", "local, ray"]),
+    (["runtime.num_actors=0"], "runtime.num_actors", ["0", "'auto'"]),
+    (["runtime.gpus_per_actor=-1"], "runtime.gpus_per_actor", ["-1"]),
+    (["data.kind=parquet", "data.path=/no/such/file.parquet"], "data.path", ["/no/such/file.parquet", "existing Parquet"]),
+    (["data.kind=digits", "data.partition.kind=zipf"], "data.partition.kind", ["zipf", "dirichlet, iid, pathological, shards"]),
+])
+def test_bad_input_names_key_value_and_allowed(overrides, key, must_contain):
+    with pytest.raises(ScenarioError) as info:
+        load_scenario("scenarios/quickstart.yaml", overrides)
+    message = str(info.value)
+    assert message.startswith(f"{key} = "), message
+    for text in must_contain:
+        assert text in message, message
+    assert "\n" not in message
+
+
+def test_missing_scenario_file():
+    with pytest.raises(ScenarioError, match="scenario = 'nope.yaml': expected an existing YAML file"):
+        load_scenario("nope.yaml")
+
+
+def test_cli_prints_one_line_and_exits_2(capsys):
+    assert main(["validate", "scenarios/quickstart.yaml", "execution.clients_per_round=101"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: execution.clients_per_round = 101: expected an integer in [1, data.num_clients=100]"]
+
+
+def test_cli_validate_ok(capsys):
+    assert main(["validate", "scenarios/quickstart.yaml", "model.hidden=[32,32]"]) == 0
+    out = capsys.readouterr().out
+    assert "ok:" in out and "100 clients" in out and "mlp" in out
+
+
+def test_cli_bad_input_has_no_traceback_in_a_real_process():
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "scenarios/quickstart.yaml", "data.kind=cifar"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of digits, gaussian_mixture, "
+                                   "leaf_synthetic, parquet")
+
+
+def test_list_shows_names_and_keys(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ["gaussian_mixture", "leaf_synthetic", "digits", "parquet", "dirichlet", "pathological",
+                 "logreg", "mlp", "cnn", "fedavg", "runtime.gpus_per_actor", "execution.clients_per_round"]:
+        assert name in out

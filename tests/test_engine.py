@@ -1,0 +1,160 @@
+"""A whole run on the in-process runtime: outputs, evaluation, divergence, interruption."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import small_scenario
+
+from raysim.engine.runtime import LocalRuntime
+from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.sync import sample_clients
+from raysim.errors import DivergenceError
+
+
+def _run(cfg):
+    dataset, model = prepare(cfg)
+    return run_scenario(cfg, dataset, model, LocalRuntime())
+
+
+def test_outputs_have_the_promised_columns_and_rows(tmp_path):
+    cfg = small_scenario(tmp_path, "eval.every=2", "execution.rounds=4")
+    summary = _run(cfg)
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} >= {"scenario.yaml", "rounds.parquet", "events.parquet",
+                                               "summary.json", "model.pt"}
+    rounds = pq.read_table(out / "rounds.parquet").to_pydict()
+    for col in ["round", "virtual_time", "wall_time", "train_loss", "test_loss", "test_accuracy", "clients", "samples"]:
+        assert col in rounds
+    assert rounds["round"] == [1, 2, 3, 4]
+    assert rounds["clients"] == [12] * 4
+    assert rounds["test_accuracy"][0] is None and rounds["test_accuracy"][1] is not None  # eval.every=2
+    events = pq.read_table(out / "events.parquet").to_pydict()
+    for col in ["round", "client_id", "actor", "samples", "train_loss", "compute_seconds"]:
+        assert col in events
+    assert len(events["client_id"]) == 4 * 12 == summary["client_updates"]
+    for r in range(4):  # the sampled clients, in client-id order
+        ids = [c for rr, c in zip(events["round"], events["client_id"]) if rr == r + 1]
+        assert ids == sample_clients(cfg.seed, r, 40, 12).tolist()
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["model_sha256"] == summary["model_sha256"] and len(summary["model_sha256"]) == 64
+    assert 0 <= on_disk["final_test_accuracy"] <= 1 and on_disk["wall_seconds"] > 0
+    state = torch.load(out / "model.pt")
+    assert set(state) == {"1.weight", "1.bias", "3.weight", "3.bias"}
+    resolved = (out / "scenario.yaml").read_text()
+    assert "num_clients: 40" in resolved and f"dir: {tmp_path}/out" in resolved
+
+
+def test_training_improves_accuracy(tmp_path):
+    first = _run(small_scenario(tmp_path, "execution.rounds=1", "algorithm.lr=0.05"))
+    longer = _run(small_scenario(tmp_path, "execution.rounds=15", "algorithm.lr=0.05", "eval.every=0"))
+    assert longer["final_test_accuracy"] > first["final_test_accuracy"] + 0.1
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
+    a = _run(small_scenario(tmp_path / "a"))
+    b = _run(small_scenario(tmp_path / "b"))
+    c = _run(small_scenario(tmp_path / "c", "seed=1"))
+    assert a["model_sha256"] == b["model_sha256"] != c["model_sha256"]
+
+
+def test_clients_per_task_does_not_change_the_math(tmp_path):
+    a = _run(small_scenario(tmp_path / "a", "runtime.clients_per_task=1"))
+    b = _run(small_scenario(tmp_path / "b", "runtime.clients_per_task=12"))
+    assert abs(a["final_test_accuracy"] - b["final_test_accuracy"]) < 0.02
+    ta = torch.load(tmp_path / "a/out/model.pt")
+    tb = torch.load(tmp_path / "b/out/model.pt")
+    for k in ta:
+        torch.testing.assert_close(ta[k], tb[k], rtol=1e-4, atol=1e-5)
+
+
+def test_personalized_evaluation_fine_tunes_before_testing(tmp_path):
+    summary = _run(small_scenario(tmp_path, "eval.personalized_steps=5", "eval.personalized_lr=0.05",
+                                  "execution.rounds=2"))
+    rounds = pq.read_table(tmp_path / "out/rounds.parquet").to_pydict()
+    assert all(0 <= a <= 1 for a in rounds["personalized_accuracy"])
+    assert summary["final_personalized_accuracy"] == rounds["personalized_accuracy"][-1]
+    # clients here have label skew: adapting to local data beats the global model
+    assert summary["final_personalized_accuracy"] > summary["final_test_accuracy"]
+
+
+def test_divergence_names_round_and_client_and_keeps_metrics(tmp_path):
+    cfg = small_scenario(tmp_path, "algorithm.lr=1e30", "execution.rounds=5")
+    with pytest.raises(DivergenceError, match=r"round \d+: client \d+ diverged .*algorithm.lr"):
+        _run(cfg)
+    rounds = pq.read_table(tmp_path / "out/rounds.parquet")
+    events = pq.read_table(tmp_path / "out/events.parquet")
+    assert rounds.num_rows >= 1 and events.num_rows == 12 * rounds.num_rows
+
+
+def test_cli_divergence_exits_1_with_one_clear_message(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "scenarios/quickstart.yaml", "--quiet",
+                           "runtime.backend=local", "algorithm.lr=1e30", f"output.dir={tmp_path}/run"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "error: round 1: client" in proc.stderr and "diverged" in proc.stderr
+    assert pq.read_table(tmp_path / "run/events.parquet").num_rows == 20
+
+
+def test_interrupted_run_keeps_readable_metrics(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", "scenarios/quickstart.yaml", "--quiet",
+                             "runtime.backend=local", "execution.rounds=100000", "output.flush_seconds=0",
+                             f"output.dir={tmp_path}/run"], stderr=subprocess.PIPE, text=True)
+    rounds_file = tmp_path / "run/rounds.parquet"
+    deadline = time.time() + 120
+    while not rounds_file.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    rounds = pq.read_table(rounds_file).to_pydict()
+    events = pq.read_table(tmp_path / "run/events.parquet")
+    assert len(rounds["round"]) >= 1 and rounds["round"] == list(range(1, len(rounds["round"]) + 1))
+    assert events.num_rows >= 20 * len(rounds["round"])
+
+
+def test_digits_with_cnn_trains(tmp_path):
+    summary = _run(small_scenario(tmp_path, "data.kind=digits", "data.num_clients=10", "model.kind=cnn",
+                                  "model.channels=[8]", "execution.clients_per_round=10",
+                                  "execution.rounds=8", "algorithm.lr=0.1", "eval.every=0"))
+    assert summary["final_test_accuracy"] > 0.6
+
+
+def test_parquet_data_runs(tmp_path):
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    n = 600
+    client = rng.integers(0, 6, n)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    pq.write_table(pa.table({"client_id": client, "f0": x[:, 0], "f1": x[:, 1], "f2": x[:, 2], "f3": x[:, 3],
+                             "label": y}), tmp_path / "data.parquet")
+    summary = _run(small_scenario(tmp_path, "data.kind=parquet", f"data.path={tmp_path}/data.parquet",
+                                  "execution.clients_per_round=6", "execution.rounds=10", "model.kind=logreg",
+                                  "algorithm.lr=0.5", "eval.every=0"))
+    assert summary["final_test_accuracy"] > 0.9
+
+
+def test_parquet_with_too_few_clients_is_an_input_error(tmp_path):
+    import pyarrow as pa
+
+    from raysim.errors import ScenarioError
+
+    pq.write_table(pa.table({"client_id": [0, 0, 1, 1], "f0": [0.0, 1.0, 2.0, 3.0], "label": [0, 1, 0, 1]}),
+                   tmp_path / "d.parquet")
+    cfg = small_scenario(tmp_path, "data.kind=parquet", f"data.path={tmp_path}/d.parquet",
+                         "execution.clients_per_round=5")
+    with pytest.raises(ScenarioError, match=r"execution.clients_per_round = 5: expected an integer in \[1, 2\]"):
+        prepare(cfg)
