@@ -98,7 +98,7 @@ class RuntimeConfig:
     address: Optional[str] = None  # null: start an embedded local Ray
     num_cpus: Optional[int] = None  # embedded Ray: CPUs to declare (null: all)
     num_gpus: Optional[float] = None  # embedded Ray: GPUs to declare (null: detect)
-    clients_per_task: int = 25  # clients trained together (vectorized) in one task
+    clients_per_task: Any = "auto"  # clients trained together (vectorized) in one task; auto: see README
     torch_threads: int = 1  # torch threads inside client work
 
 
@@ -314,7 +314,9 @@ def validate(cfg: DictConfig) -> None:
         _positive("runtime.num_cpus", r.num_cpus, integer=True)
     if r.num_gpus is not None:
         _non_negative("runtime.num_gpus", r.num_gpus)
-    _positive("runtime.clients_per_task", r.clients_per_task, integer=True)
+    cpt = r.clients_per_task
+    _check(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
+           "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
     _positive("runtime.torch_threads", r.torch_threads, integer=True)
 
     v = cfg.eval

@@ -26,7 +26,7 @@ def _tree_memory(root: psutil.Process) -> tuple[int, int]:
     return pss, rss
 
 
-def measure(command: list, interval: float = 0.05) -> dict:
+def measure(command: list, interval: float = 0.2) -> dict:
     """Run ``command``; return its exit code, wall seconds and peak tree PSS/RSS (bytes).
 
     PSS (proportional set size) splits shared pages, such as the object store

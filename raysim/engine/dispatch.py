@@ -8,18 +8,27 @@ import numpy as np
 
 from raysim.engine.host import Task
 
+MAX_AUTO_CLIENTS_PER_TASK = 25
 
-def make_tasks(op: str, client_ids: np.ndarray, train_sizes: np.ndarray, counter: int,
-               clients_per_task: int) -> list:
+
+def clients_per_task(cfg) -> int:
+    """Task size: ``runtime.clients_per_task``, or for 'auto' a quarter of a round (at most 25),
+    so that a round spreads over several actors while each task stays large enough to vectorize."""
+    value = cfg.runtime.clients_per_task
+    if value != "auto":
+        return value
+    return max(1, min(MAX_AUTO_CLIENTS_PER_TASK, -(-cfg.execution.clients_per_round // 4)))
+
+
+def make_tasks(op: str, client_ids: np.ndarray, train_sizes: np.ndarray, counter: int, size: int) -> list:
     """Group clients of similar size (less padding in vectorized work) into tasks.
 
-    The grouping depends only on the clients and ``clients_per_task``, never on
+    The grouping depends only on the clients and the task ``size``, never on
     the number of hosts, so every client's computation is the same wherever it runs.
     """
     order = np.lexsort((client_ids, train_sizes[client_ids]))
     ids = client_ids[order]
-    return [Task(op, tuple(int(c) for c in ids[i:i + clients_per_task]), counter)
-            for i in range(0, len(ids), clients_per_task)]
+    return [Task(op, tuple(int(c) for c in ids[i:i + size]), counter) for i in range(0, len(ids), size)]
 
 
 def run_tasks(runtime, handle, tasks: list, train_sizes: np.ndarray) -> list:

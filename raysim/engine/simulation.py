@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from raysim.algorithms import make_algorithm
 from raysim.config import to_yaml
 from raysim.data import build_dataset
-from raysim.engine.dispatch import make_tasks, run_tasks
+from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import GlobalEvaluator
 from raysim.engine.sync import SyncDriver
 from raysim.errors import ScenarioError
@@ -74,7 +74,7 @@ def run_scenario(cfg, dataset, model, runtime, progress=None, began: float | Non
             return math.nan
         handle = runtime.broadcast(algorithm.payload(state))
         clients = np.arange(dataset.num_clients)
-        tasks = make_tasks("personalize", clients, train_sizes, 0, cfg.runtime.clients_per_task)
+        tasks = make_tasks("personalize", clients, train_sizes, 0, clients_per_task(cfg))
         results = run_tasks(runtime, handle, tasks, train_sizes)
         rows = sum(int(p.test_rows.sum()) for p in results)
         return sum(int(p.test_correct.sum()) for p in results) / rows if rows else math.nan

@@ -8,7 +8,7 @@ import numpy as np
 
 from raysim.algorithms import ClientUpdates
 from raysim.engine import rng
-from raysim.engine.dispatch import make_tasks, run_tasks
+from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.errors import DivergenceError
 
 
@@ -31,7 +31,7 @@ class SyncDriver:
             began = time.perf_counter()
             clients = sample_clients(self.cfg.seed, r, self.num_clients, ex.clients_per_round)
             handle = self.runtime.broadcast(self.algorithm.payload(state))
-            tasks = make_tasks("train", clients, self.train_sizes, r, self.cfg.runtime.clients_per_task)
+            tasks = make_tasks("train", clients, self.train_sizes, r, clients_per_task(self.cfg))
             updates = ClientUpdates.concat(run_tasks(self.runtime, handle, tasks, self.train_sizes))
             diverged = _first_diverged(updates)
             if diverged is None:
