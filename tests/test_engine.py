@@ -158,3 +158,15 @@ def test_parquet_with_too_few_clients_is_an_input_error(tmp_path):
                          "execution.clients_per_round=5")
     with pytest.raises(ScenarioError, match=r"execution.clients_per_round = 5: expected an integer in \[1, 2\]"):
         prepare(cfg)
+
+
+def test_bench_reference_loop_trains_the_same_algorithm(tmp_path):
+    """The bare loop of `raysim bench` is FedAvg on the same data: it reaches raysim's accuracy."""
+    from raysim.bench.bare_loop import bare_fedavg
+
+    cfg = small_scenario(tmp_path, "execution.rounds=15", "eval.every=0")
+    ours = _run(cfg)
+    bare = bare_fedavg(cfg)
+    assert len(bare["round_seconds"]) == 15
+    assert abs(bare["final_test_accuracy"] - ours["final_test_accuracy"]) < 0.05
+    assert bare["final_test_accuracy"] > 0.4
