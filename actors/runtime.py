@@ -51,8 +51,9 @@ class RayRuntime:
         self.num_actors = 0
         self._owns_ray = False
 
-    def load(self, scenario: dict, dataset) -> None:
+    def load(self, scenario: dict, dataset):
         from actors.client_actor import ClientActor
+        from raysim.data import FederatedDataset
 
         cfg = self.cfg
         if not ray.is_initialized():
@@ -69,6 +70,7 @@ class RayRuntime:
         table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
         options = {"num_cpus": cfg.cpus_per_actor, "num_gpus": cfg.gpus_per_actor}
         self.actors = [ClientActor.options(**options).remote(scenario, table, i) for i in range(self.num_actors)]
+        return FederatedDataset(ray.get(table))  # zero-copy view: the driver's own copy can go
 
     def broadcast(self, payload: dict):
         return ray.put(payload)

@@ -47,11 +47,11 @@ def cmd_run(args) -> int:
 
     began = time.perf_counter()
     cfg = load_scenario(args.scenario, args.overrides)
-    dataset, model = prepare(cfg)
+    prepared = prepare(cfg)
     runtime = make_runtime(cfg)
     bar = ProgressBar(cfg.execution.rounds, enabled=not args.quiet)
     try:
-        summary = run_scenario(cfg, dataset, model, runtime, progress=bar, began=began)
+        summary = run_scenario(cfg, prepared, runtime, progress=bar, began=began)
     except DivergenceError as exc:
         summary = exc
     finally:
@@ -73,7 +73,8 @@ def cmd_validate(args) -> int:
     from raysim.engine.simulation import prepare
 
     cfg = load_scenario(args.scenario, args.overrides)
-    dataset, model = prepare(cfg)
+    prepared = prepare(cfg)
+    dataset, model = prepared.dataset, prepared.model
     print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
           f"algorithm {cfg.algorithm.name}, {cfg.execution.rounds} rounds")

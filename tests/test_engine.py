@@ -21,8 +21,7 @@ from raysim.errors import DivergenceError
 
 
 def _run(cfg):
-    dataset, model = prepare(cfg)
-    return run_scenario(cfg, dataset, model, LocalRuntime())
+    return run_scenario(cfg, prepare(cfg), LocalRuntime())
 
 
 def test_outputs_have_the_promised_columns_and_rows(tmp_path):

@@ -17,9 +17,9 @@ WALL_COLUMNS = {"wall_time", "updates_per_second", "compute_seconds", "actor"}
 
 
 def _run(cfg, runtime):
-    dataset, model = prepare(cfg)
+    prepared = prepare(cfg)
     try:
-        return run_scenario(cfg, dataset, model, runtime)
+        return run_scenario(cfg, prepared, runtime)
     finally:
         runtime.close()
 
@@ -75,7 +75,7 @@ def test_fractional_gpus_two_actors_share_gpu_0(ray_session, tmp_path):
     cfg = small_scenario(tmp_path, "runtime.gpus_per_actor=0.5", "runtime.num_actors=auto",
                          "execution.rounds=1", backend="ray")
     runtime = _ray_runtime(cfg)
-    dataset, _ = prepare(cfg)
+    dataset = prepare(cfg).dataset
     runtime.load({"seed": 0, **__import__("omegaconf").OmegaConf.to_container(cfg)}, dataset)
     try:
         info = runtime.describe()
@@ -93,7 +93,7 @@ def test_more_actors_than_resources_is_an_input_error(ray_session, tmp_path):
 
     cfg = small_scenario(tmp_path, "runtime.num_actors=9", backend="ray")
     runtime = _ray_runtime(cfg)
-    dataset, _ = prepare(cfg)
+    dataset = prepare(cfg).dataset
     with pytest.raises(ScenarioError, match=r"runtime.num_actors = 9: expected at most 4 actors"):
         runtime.load(dict(__import__("omegaconf").OmegaConf.to_container(cfg)), dataset)
 

@@ -18,8 +18,9 @@ class Runtime(Protocol):
 
     num_actors: int
 
-    def load(self, scenario: dict, dataset) -> None:
-        """Create the hosts; the data set travels once."""
+    def load(self, scenario: dict, dataset):
+        """Create the hosts; the data set travels once. Returns the data set the driver
+        should use from now on (the runtime's shared copy)."""
 
     def broadcast(self, payload: dict) -> Any:
         """Publish a payload once; returns a handle tasks refer to."""
@@ -46,8 +47,9 @@ class LocalRuntime:
     def __init__(self):
         self.host = None
 
-    def load(self, scenario: dict, dataset) -> None:
+    def load(self, scenario: dict, dataset):
         self.host = ClientHost(scenario, dataset.table)
+        return dataset
 
     def broadcast(self, payload: dict) -> dict:
         return payload

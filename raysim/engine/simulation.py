@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,13 @@ from omegaconf import OmegaConf
 
 from raysim.algorithms import make_algorithm
 from raysim.config import to_yaml
-from raysim.data import build_dataset
+from raysim.data import FederatedDataset, build_dataset
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import GlobalEvaluator
 from raysim.engine.sync import SyncDriver
 from raysim.errors import ScenarioError
 from raysim.metrics import ParquetLog
-from raysim.models import build_model
+from raysim.models import FlatModel, build_model
 from raysim.models.flat import sha256
 
 ROUNDS_SCHEMA = pa.schema([
@@ -35,20 +36,29 @@ EVENTS_SCHEMA = pa.schema([
 ])
 
 
-def prepare(cfg):
+@dataclass
+class Prepared:
+    """What a run needs before any runtime starts."""
+
+    dataset: FederatedDataset
+    model: FlatModel
+
+
+def prepare(cfg) -> Prepared:
     """Everything that can fail on bad input, before any runtime starts: data set and model."""
     dataset = build_dataset(cfg.data, cfg.seed)
     k = cfg.execution.clients_per_round
     if k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,
                             f"an integer in [1, {dataset.num_clients}] (the data set's number of clients)")
-    model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
-    return dataset, model
+    return Prepared(dataset, build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed))
 
 
-def run_scenario(cfg, dataset, model, runtime, progress=None, began: float | None = None) -> dict:
+def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float | None = None) -> dict:
     """Run a validated scenario on ``runtime``; returns the summary (also saved as summary.json).
 
+    The runtime takes over the data set (on Ray it moves to the object store and the
+    driver keeps only that shared copy).
     ``progress(round, last_eval, client_updates)`` is called after every round when given;
     ``began`` (a ``time.perf_counter()`` value) is where ``wall_seconds`` starts counting.
     """
@@ -56,7 +66,8 @@ def run_scenario(cfg, dataset, model, runtime, progress=None, began: float | Non
     out = Path(cfg.output.dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.yaml").write_text(to_yaml(cfg))
-    runtime.load(OmegaConf.to_container(cfg, resolve=True), dataset)
+    prepared.dataset = runtime.load(OmegaConf.to_container(cfg, resolve=True), prepared.dataset)
+    dataset, model = prepared.dataset, prepared.model
     algorithm = make_algorithm(cfg.algorithm)
     evaluate = GlobalEvaluator(model, dataset, cfg.runtime.torch_threads)
     offsets = dataset.offsets()
