@@ -103,7 +103,7 @@ def cmd_list(args) -> int:
 def cmd_bench(args) -> int:
     from raysim.bench import run_bench
 
-    return run_bench(w2=args.w2, only=args.only, out_dir=args.out)
+    return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -124,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--out", default="results/bench", help="directory for the runs' outputs")
+    bench.add_argument("--repeat", type=int, default=1, help="runs per side (medians are reported)")
     bench.set_defaults(func=cmd_bench)
     return p
 

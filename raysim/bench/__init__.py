@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -63,20 +64,32 @@ def _row(name: str, r: dict) -> str:
             f"{r['peak_pss'] / MB:9.0f} {r['peak_rss'] / MB:9.0f} {r['final_test_accuracy']:8.4f}")
 
 
-def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench") -> int:
-    """Run W1 (and W2) on both sides, print the figures and ratios; writes bench.json in ``out_dir``."""
+def _median(runs: list) -> dict:
+    """Per-figure median over repeated runs of one side."""
+    keys = ["wall_seconds", "updates_per_second", "seconds_per_round", "peak_pss", "peak_rss", "final_test_accuracy"]
+    return dict(runs[0], **{k: statistics.median(r[k] for r in runs) for k in keys}, repeats=len(runs))
+
+
+def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1) -> int:
+    """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
+    and the ratios of the medians; writes bench.json in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     workloads = ["w1", "w2"] if w2 else ["w1"]
     sides = [s for s in ("bare", "raysim") if only in (None, s)]
-    results = {}
+    runs = {}
     print(f"raysim bench on {os.cpu_count()} CPUs; each side in a fresh process (wall includes start-up)")
     print(f"{'run':14s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MB':>9s} {'RSS MB':>9s} {'accuracy':>8s}")
     for workload in workloads:
-        for side in sides:
-            r = run_bare(workload, out) if side == "bare" else run_raysim(workload, out)
-            results[f"{workload}/{side}"] = r
-            print(_row(f"{workload}/{side}", r), flush=True)
+        for i in range(repeat):
+            for side in sides:
+                r = run_bare(workload, out) if side == "bare" else run_raysim(workload, out)
+                runs.setdefault(f"{workload}/{side}", []).append(r)
+                print(_row(f"{workload}/{side}", r), flush=True)
+    results = {name: _median(rs) for name, rs in runs.items()}
+    if repeat > 1:
+        for name, r in results.items():
+            print(_row(f"{name} med", r))
     ratios = {}
     for workload in workloads:
         bare, ray = results.get(f"{workload}/bare"), results.get(f"{workload}/raysim")
@@ -90,5 +103,5 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
         growth = results["w2/raysim"]["seconds_per_round"] / results["w1/raysim"]["seconds_per_round"]
         ratios["w2_over_w1_round_time"] = growth
         print(f"raysim per-round time W2/W1 {growth:.2f}x (target <= 1.1)")
-    (out / "bench.json").write_text(json.dumps({"results": results, "ratios": ratios}, indent=2) + "\n")
+    (out / "bench.json").write_text(json.dumps({"runs": runs, "medians": results, "ratios": ratios}, indent=2) + "\n")
     return 0
