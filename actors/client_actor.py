@@ -24,9 +24,11 @@ class ClientActor:
         device = "cuda" if self.gpu_ids and torch.cuda.is_available() else "cpu"
         self.host = ClientHost(scenario, table, actor_index, device)
 
-    def run(self, payload: dict, tasks: list) -> list:
-        """Run tasks against the broadcast payload (resolved from the object store)."""
-        return self.host.run(payload, tasks)
+    def run(self, payloads: dict, tasks: list) -> list:
+        """Run tasks against the broadcast payloads (version -> payload or object-store reference)."""
+        refs = [v for v, p in payloads.items() if isinstance(p, ray.ObjectRef)]
+        resolved = dict(zip(refs, ray.get([payloads[v] for v in refs])))
+        return self.host.run({v: resolved.get(v, p) for v, p in payloads.items()}, tasks)
 
     def info(self) -> dict:
         """Actor index, device, node, assigned GPU ids and process id."""

@@ -1,4 +1,4 @@
-"""RayRuntime: the engine's runtime protocol on Ray ClientActors."""
+"""RayRuntime: the engine's runtime protocol on Ray — ClientActors plus a SchedulerActor."""
 
 from __future__ import annotations
 
@@ -42,13 +42,52 @@ def plan_actors(runtime_cfg, cpus: float, gpus: float) -> int:
     return wanted
 
 
+INLINE_PAYLOAD_BYTES = 100 * 1024  # smaller payloads travel inside the call, as Ray inlines small arguments
+
+
+class ActorPool:
+    """The ClientActors as seen by the scheduler: broadcast through the object store, submit, gather.
+    Picklable, so the SchedulerActor can hold it."""
+
+    def __init__(self, actors: list):
+        self.actors = actors
+        self.num_actors = len(actors)
+
+    def broadcast(self, payload: dict):
+        """An object-store reference to the payload, or the payload itself when it is small
+        (a fetch from the object store costs more than sending a few KB with each call)."""
+        size = sum(t.numel() * t.element_size() for t in payload.values())
+        return payload if size < INLINE_PAYLOAD_BYTES else ray.put(payload)
+
+    def submit(self, actor: int, handles: dict, tasks: list):
+        return self.actors[actor].run.remote(handles, tasks)
+
+    def gather(self, pending: list) -> list:
+        return ray.get(pending)
+
+
+class RemoteScheduler:
+    """Driver-side handle of the SchedulerActor."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def advance(self, seconds: float) -> dict:
+        return ray.get(self.actor.advance.remote(seconds))
+
+    def finish(self) -> dict:
+        return ray.get(self.actor.finish.remote())
+
+
 class RayRuntime:
-    """Starts (or joins) Ray, creates the ClientActors, broadcasts payloads through the object store."""
+    """Starts (or joins) Ray, creates the ClientActors and the SchedulerActor."""
 
     def __init__(self, runtime_cfg):
         self.cfg = runtime_cfg
         self.actors = []
         self.num_actors = 0
+        self._table = None
+        self._scheduler = None
         self._owns_ray = False
 
     def load(self, scenario: dict, dataset):
@@ -67,19 +106,17 @@ class RayRuntime:
             self._owns_ray = True
         resources = ray.cluster_resources()
         self.num_actors = plan_actors(cfg, resources.get("CPU", 0.0), resources.get("GPU", 0.0))
-        table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
+        self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
         options = {"num_cpus": cfg.cpus_per_actor, "num_gpus": cfg.gpus_per_actor}
-        self.actors = [ClientActor.options(**options).remote(scenario, table, i) for i in range(self.num_actors)]
-        return FederatedDataset(ray.get(table))  # zero-copy view: the driver's own copy can go
+        self.actors = [ClientActor.options(**options).remote(scenario, self._table, i)
+                       for i in range(self.num_actors)]
+        return FederatedDataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
-    def broadcast(self, payload: dict):
-        return ray.put(payload)
+    def scheduler(self, scenario: dict, dataset) -> RemoteScheduler:
+        from actors.scheduler_actor import SchedulerActor
 
-    def submit(self, actor: int, handle, tasks: list):
-        return self.actors[actor].run.remote(handle, tasks)
-
-    def gather(self, pending: list) -> list:
-        return ray.get(pending)
+        self._scheduler = SchedulerActor.remote(scenario, self._table, ActorPool(self.actors))
+        return RemoteScheduler(self._scheduler)
 
     def describe(self) -> list:
         return ray.get([a.info.remote() for a in self.actors])
@@ -90,6 +127,6 @@ class RayRuntime:
             ray.shutdown()
             self._owns_ray = False
         else:
-            for actor in self.actors:
+            for actor in self.actors + ([self._scheduler] if self._scheduler is not None else []):
                 ray.kill(actor)
-        self.actors = []
+        self.actors, self._scheduler = [], None

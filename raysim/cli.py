@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from raysim.errors import DivergenceError, ScenarioError
+from raysim.errors import RunError, ScenarioError
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -23,18 +23,23 @@ def make_runtime(cfg):
 
 
 class ProgressBar:
-    """tqdm bar over rounds showing accuracy and client updates per second."""
+    """tqdm bar over rounds (sync) or applied updates (async), with accuracy and updates per second."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, cfg, enabled: bool):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, unit="round", disable=not enabled, dynamic_ncols=True)
+        ex = cfg.execution
+        self.sync = ex.mode == "sync"
+        total = ex.rounds if self.sync else ex.max_updates
+        self.bar = tqdm(total=total, unit="round" if self.sync else "update", disable=not enabled,
+                        dynamic_ncols=True)
         self.began = time.perf_counter()
 
-    def __call__(self, r: int, last: dict, client_updates: int):
-        self.bar.update(1)
-        acc = last["test_accuracy"]
-        rate = client_updates / max(time.perf_counter() - self.began, 1e-9)
+    def __call__(self, report: dict):
+        done = report["version"] if self.sync else report["applied"]
+        self.bar.update(done - self.bar.n)
+        acc = report["last_eval"]["test_accuracy"]
+        rate = report["applied"] / max(time.perf_counter() - self.began, 1e-9)
         self.bar.set_postfix({"acc": "-" if acc != acc else f"{acc:.4f}", "upd/s": f"{rate:.0f}"})
 
     def close(self):
@@ -49,15 +54,15 @@ def cmd_run(args) -> int:
     cfg = load_scenario(args.scenario, args.overrides)
     prepared = prepare(cfg)
     runtime = make_runtime(cfg)
-    bar = ProgressBar(cfg.execution.rounds, enabled=not args.quiet)
+    bar = ProgressBar(cfg, enabled=not args.quiet)
     try:
         summary = run_scenario(cfg, prepared, runtime, progress=bar, began=began)
-    except DivergenceError as exc:
+    except RunError as exc:
         summary = exc
     finally:
         bar.close()
         runtime.close()
-    if isinstance(summary, DivergenceError):
+    if isinstance(summary, RunError):
         print(f"error: {summary}\nmetrics written so far are in {cfg.output.dir}", file=sys.stderr)
         return EXIT_RUN_FAILED
     if not args.quiet:
@@ -100,6 +105,14 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from raysim.metrics.report import write_report
+
+    for path in write_report(args.runs, args.out):
+        print(path)
+    return 0
+
+
 def cmd_bench(args) -> int:
     from raysim.bench import run_bench
 
@@ -120,6 +133,11 @@ def parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_validate)
     lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms and every scenario key")
     lst.set_defaults(func=cmd_list)
+    rep = sub.add_parser("report", help="PNG plots of one or more runs (accuracy vs virtual and wall time, "
+                                       "staleness, participation, task timeline)")
+    rep.add_argument("runs", nargs="+", help="run directories (output.dir of earlier runs)")
+    rep.add_argument("--out", help="directory for the PNGs (default: the run's directory, or <parent>/report)")
+    rep.set_defaults(func=cmd_report)
     bench = sub.add_parser("bench", help="workload W1 (and W2) against a bare PyTorch loop, same run")
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from raysim.errors import ScenarioError
+from raysim.system.config import SystemConfig
 
 
 @dataclass
@@ -74,17 +75,31 @@ class AlgorithmConfig:
 
 
 @dataclass
-class ExecutionConfig:
-    """How the server drives training."""
+class StalenessConfig:
+    """Asynchronous staleness weighting s(τ) of an update computed τ server steps ago."""
 
-    mode: str = "sync"
-    rounds: int = 20
-    clients_per_round: int = 10
+    kind: str = "constant"  # constant | polynomial: (1+τ)^-a | hinge: 1 if τ <= b else 1/(a(τ-b)+1)
+    a: float = 0.5
+    b: float = 4.0
 
 
 @dataclass
-class SystemConfig:
-    """Virtual-time system model (devices, networks, availability); empty for now."""
+class ExecutionConfig:
+    """How the server drives training (synchronous rounds or asynchronous updates)."""
+
+    mode: str = "sync"  # sync | async
+    rounds: int = 20  # sync
+    clients_per_round: int = 10  # sync: updates kept per round
+    deadline: Optional[float] = None  # sync: virtual seconds; later updates are late (discarded)
+    over_selection: float = 1.0  # sync: sample ceil(f * clients_per_round), keep the earliest
+    concurrency: int = 10  # async: tasks in flight
+    aggregation: str = "fedasync"  # async: fedasync | fedbuff
+    buffer_size: int = 10  # async fedbuff: updates per server step
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    max_staleness: Optional[int] = None  # async: older updates are dropped (status stale)
+    max_updates: Optional[int] = None  # async stop: applied updates
+    max_virtual_time: Optional[float] = None  # async stop: virtual seconds
+    target_accuracy: Optional[float] = None  # async stop: global test accuracy reached at an evaluation
 
 
 @dataclass
@@ -247,6 +262,7 @@ def validate(cfg: DictConfig) -> None:
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
     from raysim.models import ACTIVATIONS, MODELS
+    from raysim.system import validate_system
 
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
            "a non-empty name of letters, digits, '.', '_' or '-'")
@@ -293,8 +309,32 @@ def validate(cfg: DictConfig) -> None:
     _positive("algorithm.server_lr", a.server_lr)
 
     e = cfg.execution
-    _one_of("execution.mode", e.mode, ["sync"])
+    _one_of("execution.mode", e.mode, ["async", "sync"])
     _positive("execution.rounds", e.rounds, integer=True)
+    if e.deadline is not None:
+        _positive("execution.deadline", e.deadline)
+    _check(e.over_selection >= 1.0, "execution.over_selection", e.over_selection, "a factor >= 1 (1: no over-selection)")
+    _positive("execution.concurrency", e.concurrency, integer=True)
+    _one_of("execution.aggregation", e.aggregation, ["fedasync", "fedbuff"])
+    _positive("execution.buffer_size", e.buffer_size, integer=True)
+    _one_of("execution.staleness.kind", e.staleness.kind, ["constant", "hinge", "polynomial"])
+    _non_negative("execution.staleness.a", e.staleness.a)
+    _non_negative("execution.staleness.b", e.staleness.b)
+    if e.max_staleness is not None:
+        _non_negative("execution.max_staleness", e.max_staleness)
+    if e.max_updates is not None:
+        _positive("execution.max_updates", e.max_updates, integer=True)
+    if e.max_virtual_time is not None:
+        _positive("execution.max_virtual_time", e.max_virtual_time)
+    if e.target_accuracy is not None:
+        _check(0 < e.target_accuracy <= 1, "execution.target_accuracy", e.target_accuracy, "a number in (0, 1]")
+    if e.mode == "async":
+        _check(e.max_updates is not None or e.max_virtual_time is not None, "execution.max_updates", None,
+               "a budget for async mode: execution.max_updates or execution.max_virtual_time "
+               "(execution.target_accuracy may stop it earlier)")
+        if e.target_accuracy is not None:
+            _check(cfg.eval.every > 0, "eval.every", cfg.eval.every,
+                   "> 0 with execution.target_accuracy (accuracy is only known at evaluations)")
     if d.kind != "parquet":  # a Parquet file decides its own number of clients
         _check(1 <= e.clients_per_round <= d.num_clients, "execution.clients_per_round", e.clients_per_round,
                f"an integer in [1, data.num_clients={d.num_clients}]")
@@ -318,6 +358,8 @@ def validate(cfg: DictConfig) -> None:
     _check(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
            "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
     _positive("runtime.torch_threads", r.torch_threads, integer=True)
+
+    validate_system(cfg.system, None if d.kind == "parquet" else d.num_clients)
 
     v = cfg.eval
     _non_negative("eval.every", v.every)

@@ -13,5 +13,13 @@ class ScenarioError(ValueError):
         super().__init__(f"{key} = {value!r}: expected {allowed}")
 
 
-class DivergenceError(RuntimeError):
+class RunError(RuntimeError):
+    """The run could not go on; the metrics written so far stay readable."""
+
+
+class DivergenceError(RunError):
     """Training produced a non-finite loss or update."""
+
+
+class NoClientAvailable(RunError):
+    """No client is, or will ever be, available to sample."""

@@ -49,8 +49,8 @@ def test_fedavg_one_full_batch_step_matches_hand_computation(tiny, server_lr):
     theta = model.initial_vector()
     W, b = theta[:4].numpy().reshape(2, 2).astype(np.float64), theta[4:].numpy().astype(np.float64)
     state = algo.init(theta)
-    updates = algo.client_update(algo.payload(state), _context(ds, model, [0, 1]))
-    new = algo.aggregate(state, updates)["params"].numpy()
+    updates = algo.client_update([algo.payload(state)] * 2, _context(ds, model, [0, 1]))
+    new = algo.aggregate(state, updates, updates.samples / updates.samples.sum())["params"].numpy()
 
     deltas = []
     for X, y in [(x0, y0), (x1, y1)]:

@@ -5,8 +5,11 @@ FedJAX's ``FederatedAlgorithm`` and optax's ``GradientTransformation``):
 
     init(params)                      -> server state (dict of tensors)
     payload(state)                    -> what clients receive (dict of tensors)
-    client_update(payload, ctx)       -> ClientUpdates for a task of several clients (vectorized)
-    aggregate(state, updates)         -> new server state   (synchronous rounds)
+    client_update(payloads, ctx)      -> ClientUpdates for a task of several clients (vectorized);
+                                         payloads[c] is what client c received (asynchronous
+                                         clients of one task may start from different versions)
+    aggregate(state, updates, weights) -> new server state from updates weighted by ``weights``
+                                         (a round's sample weights, or staleness weights in async)
     global_params(state)              -> the flat parameters to evaluate and save
 
 Every random draw of client work comes from ``ctx.rngs`` (one stream per client
@@ -36,6 +39,20 @@ class ClientContext:
     labels: torch.Tensor
     offsets: np.ndarray  # [C, 3]: train_start, test_start, test_end
     device: torch.device
+    participation: np.ndarray | None = None  # [C] δ_k of unreliable clients (None: always compute)
+    local_steps: np.ndarray | None = None  # [C] heterogeneous E_k (> 0 overrides the algorithm's)
+    noise: tuple | None = None  # (kind, scale): perturbation of local gradients
+
+    def schedule(self, cfg, steps=None):
+        """This task's minibatch schedule under the algorithm config ``cfg`` and the system model."""
+        steps = cfg.local_steps if steps is None else steps
+        return batch_schedule(self.offsets[:, 0], self.train_sizes, self.rngs, cfg.batch_size,
+                              cfg.local_epochs, steps, self.local_steps, self.participation)
+
+    @property
+    def gradient_noise(self):
+        """(kind, scale, rngs) for local_sgd, or None."""
+        return None if self.noise is None else (*self.noise, self.rngs)
 
     @property
     def train_sizes(self) -> np.ndarray:
@@ -52,6 +69,21 @@ class ClientUpdates:
     tensors: dict = field(default_factory=dict)  # name -> [C, ...] float tensor on CPU
     compute_seconds: np.ndarray | None = None  # [C] wall seconds attributed to each client
     actor: np.ndarray | None = None  # [C] index of the actor that ran it
+
+    def first_nonfinite(self):
+        """Index of the first client (in row order) with a non-finite loss or update, or None."""
+        bad = ~np.isfinite(self.train_loss)
+        for tensor in self.tensors.values():
+            bad |= ~tensor.reshape(len(bad), -1).isfinite().all(1).numpy()
+        hits = np.flatnonzero(bad)
+        return int(hits[0]) if len(hits) else None
+
+    def split(self) -> list:
+        """One ClientUpdates per row, in row order."""
+        return [ClientUpdates(self.client_ids[i:i + 1], self.samples[i:i + 1], self.train_loss[i:i + 1],
+                              {k: t[i:i + 1] for k, t in self.tensors.items()},
+                              self.compute_seconds[i:i + 1], self.actor[i:i + 1])
+                for i in range(len(self.client_ids))]
 
     @staticmethod
     def concat(parts: list) -> "ClientUpdates":
@@ -86,18 +118,18 @@ class Algorithm:
     def payload(self, state: dict) -> dict:
         raise NotImplementedError
 
-    def client_update(self, payload: dict, ctx: ClientContext) -> ClientUpdates:
+    def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
         raise NotImplementedError
 
-    def aggregate(self, state: dict, updates: ClientUpdates) -> dict:
+    def aggregate(self, state: dict, updates: ClientUpdates, weights: np.ndarray) -> dict:
         raise NotImplementedError
 
     def global_params(self, state: dict) -> torch.Tensor:
         return state["params"]
 
-    def personalize(self, payload: dict, ctx: ClientContext, steps: int, lr: float) -> Personalized:
+    def personalize(self, payloads: list, ctx: ClientContext, steps: int, lr: float) -> Personalized:
         """Fine-tune the whole model ``steps`` SGD steps on each client, then test it there."""
-        start = payload["params"].to(ctx.device).expand(len(ctx.client_ids), -1)
+        start = stack_params(payloads, ctx.device)
         sched = batch_schedule(ctx.offsets[:, 0], ctx.train_sizes, ctx.rngs, self.cfg.batch_size, 1, steps)
         params, _ = local_sgd(ctx.model, start, ctx.features, ctx.labels, sched, lr, self.cfg.weight_decay)
         loss_sum, correct, rows = [], [], []
@@ -109,6 +141,14 @@ class Algorithm:
                 correct.append(int((logits.argmax(1) == y).sum()))
                 rows.append(int(hi - lo))
         return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
+
+
+def stack_params(payloads: list, device) -> torch.Tensor:
+    """[C, P] starting parameters, one row per client's payload (shared rows when all are equal)."""
+    first = payloads[0]["params"]
+    if all(p["params"] is first for p in payloads):
+        return first.to(device).expand(len(payloads), -1)
+    return torch.stack([p["params"] for p in payloads]).to(device)
 
 
 def weighted_sum(vectors: torch.Tensor, weights: np.ndarray) -> torch.Tensor:

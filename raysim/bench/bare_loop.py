@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from raysim.config import load_scenario
 from raysim.data import build_dataset
-from raysim.engine.sync import sample_clients
 from raysim.models import build_model
+from raysim.system import SystemModel
 
 
 def bare_fedavg(cfg) -> dict:
@@ -33,11 +33,12 @@ def bare_fedavg(cfg) -> dict:
     global_state = {k: v.clone() for k, v in net.state_dict().items()}
     a, ex = cfg.algorithm, cfg.execution
     gen = torch.Generator().manual_seed(cfg.seed)
+    system = SystemModel(cfg.system, dataset.num_clients, cfg.seed)
     round_seconds = []
     for r in range(ex.rounds):
         round_began = time.perf_counter()
         total = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        clients = sample_clients(cfg.seed, r, dataset.num_clients, ex.clients_per_round)
+        clients = system.sample_available(0.0, r, ex.clients_per_round)  # raysim's sampling (always available)
         samples = int(sum(offsets[c, 1] - offsets[c, 0] for c in clients))
         for c in clients:
             lo, hi = offsets[c, 0], offsets[c, 1]

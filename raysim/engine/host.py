@@ -16,16 +16,19 @@ from raysim.algorithms import ClientContext, make_algorithm
 from raysim.data import FederatedDataset
 from raysim.engine import rng
 from raysim.models import build_model
+from raysim.system import SystemModel
 
 
 @dataclass(frozen=True)
 class Task:
     """Work for a group of clients, run together (vectorized): ``op`` is 'train' or 'personalize';
-    ``counter`` numbers the client's tasks (the round in synchronous mode) and seeds its RNG."""
+    per client, ``counters`` numbers its dispatch (the round in synchronous mode) and seeds its
+    RNG, and ``versions`` names the payload (model version) it starts from."""
 
     op: str
     client_ids: tuple
-    counter: int
+    counters: tuple
+    versions: tuple
 
 
 @contextmanager
@@ -51,6 +54,12 @@ class ClientHost:
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes,
                                  cfg.seed).to(self.device)
         self.algorithm = make_algorithm(cfg.algorithm)
+        profile = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed).profile
+        unreliable = cfg.system.unreliable
+        self.participation = profile["participation"] if (profile["participation"] < 1).any() else None
+        self.local_steps = profile["local_steps"] if (profile["local_steps"] > 0).any() else None
+        self.noise = None if unreliable.gradient_noise == "none" else (unreliable.gradient_noise,
+                                                                       unreliable.noise_scale)
         with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
             warnings.simplefilter("ignore", UserWarning)
             features = torch.from_numpy(self.dataset.features())
@@ -58,26 +67,35 @@ class ClientHost:
         self.features = features.reshape(-1, *self.dataset.feature_shape).to(self.device)
         self.labels = labels.to(self.device)
 
-    def run(self, payload: dict, tasks: list) -> list:
-        """Run tasks in order; one result per task (ClientUpdates or Personalized)."""
+    def run(self, payloads: dict, tasks: list) -> list:
+        """Run tasks in order, each client from ``payloads[version]``; one result per task
+        (ClientUpdates or Personalized)."""
         with torch_threads(self.cfg.runtime.torch_threads):
-            return [self._run_one(payload, task) for task in tasks]
+            return [self._run_one([payloads[v] for v in task.versions], task) for task in tasks]
 
-    def _run_one(self, payload: dict, task: Task):
+    def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)
         kind = rng.TRAIN if task.op == "train" else rng.PERSONALIZE
-        ctx = ClientContext(ids, [rng.stream(self.cfg.seed, kind, int(c), task.counter) for c in ids],
-                            self.model, self.features, self.labels, self.offsets[ids], self.device)
+        ctx = ClientContext(ids, [rng.stream(self.cfg.seed, kind, int(c), n) for c, n in zip(ids, task.counters)],
+                            self.model, self.features, self.labels, self.offsets[ids], self.device,
+                            *self._unreliable(ids, task.op))
         if task.op == "personalize":
             ev = self.cfg.eval
-            return self.algorithm.personalize(payload, ctx, ev.personalized_steps,
+            return self.algorithm.personalize(payloads, ctx, ev.personalized_steps,
                                               ev.personalized_lr or self.cfg.algorithm.lr)
         began = time.perf_counter()
-        out = self.algorithm.client_update(payload, ctx)
+        out = self.algorithm.client_update(payloads, ctx)
         wall = time.perf_counter() - began
         out.compute_seconds = wall * ctx.train_sizes / ctx.train_sizes.sum()
         out.actor = np.full(len(ids), self.actor_index, dtype=np.int64)
         return out
+
+    def _unreliable(self, ids: np.ndarray, op: str) -> tuple:
+        """(participation, local steps, noise) of these clients under the [SO] model; training only."""
+        if op != "train":
+            return None, None, None
+        return (None if self.participation is None else self.participation[ids],
+                None if self.local_steps is None else self.local_steps[ids], self.noise)
 
     def info(self) -> dict:
         """Where this host runs: its device and torch thread count."""

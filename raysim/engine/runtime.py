@@ -1,9 +1,9 @@
-"""The runtime protocol (where client tasks run) and the in-process runtime.
+"""The runtime protocol (where client tasks and the scheduler run) and the in-process runtime.
 
-A runtime hosts ``num_actors`` ClientHosts. The engine broadcasts a payload once
-per model version and submits lists of tasks to hosts by index; placement never
-changes results, only speed. ``actors.runtime.RayRuntime`` implements the same
-protocol on Ray actors.
+A runtime hosts ``num_actors`` ClientHosts and the Scheduler. The scheduler
+broadcasts a payload once per model version and submits lists of tasks to hosts
+by index; placement never changes results, only speed. ``actors.runtime.RayRuntime``
+implements the same protocol with ClientActors and a SchedulerActor.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from raysim.engine.host import ClientHost
+from raysim.engine.scheduler import Scheduler
 
 
 class Runtime(Protocol):
@@ -22,11 +23,15 @@ class Runtime(Protocol):
         """Create the hosts; the data set travels once. Returns the data set the driver
         should use from now on (the runtime's shared copy)."""
 
+    def scheduler(self, scenario: dict, dataset) -> Any:
+        """Start the scheduler; it has ``advance(seconds)`` and ``finish()`` (see Scheduler)."""
+
     def broadcast(self, payload: dict) -> Any:
         """Publish a payload once; returns a handle tasks refer to."""
 
-    def submit(self, actor: int, handle: Any, tasks: list) -> Any:
-        """Start ``tasks`` on host ``actor``; returns a pending result."""
+    def submit(self, actor: int, handles: dict, tasks: list) -> Any:
+        """Start ``tasks`` on host ``actor`` (``handles``: model version -> broadcast handle);
+        returns a pending result."""
 
     def gather(self, pending: list) -> list:
         """Wait for pending results; one list of task results per pending item."""
@@ -51,11 +56,14 @@ class LocalRuntime:
         self.host = ClientHost(scenario, dataset.table)
         return dataset
 
+    def scheduler(self, scenario: dict, dataset) -> Scheduler:
+        return Scheduler(scenario, dataset.table, self)
+
     def broadcast(self, payload: dict) -> dict:
         return payload
 
-    def submit(self, actor: int, handle: dict, tasks: list) -> list:
-        return self.host.run(handle, tasks)
+    def submit(self, actor: int, handles: dict, tasks: list) -> list:
+        return self.host.run(handles, tasks)
 
     def gather(self, pending: list) -> list:
         return pending

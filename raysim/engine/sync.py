@@ -1,54 +1,106 @@
-"""Synchronous rounds: sample clients, run their updates, aggregate in client-id order."""
+"""Synchronous rounds under virtual time: sample available clients, draw their durations, let
+the round policy (wait for all, deadline, over-selection) decide which updates count, compute
+only those, aggregate in client-id order, and advance the clock by the round's duration."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from raysim.algorithms import ClientUpdates
-from raysim.engine import rng
-from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
+from raysim.engine.dispatch import make_tasks, run_tasks
 from raysim.errors import DivergenceError
 
 
-def sample_clients(seed: int, round_index: int, num_clients: int, k: int) -> np.ndarray:
-    """The round's participants: ``k`` of ``num_clients`` uniformly without replacement, sorted."""
-    return np.sort(rng.stream(seed, rng.SAMPLING, round_index).choice(num_clients, size=k, replace=False))
+def round_policy(durations: np.ndarray, failed: np.ndarray, fail_at: np.ndarray, client_ids: np.ndarray,
+                 k: int, deadline: float | None):
+    """Which sampled tasks count, and when the round ends.
+
+    Returns (kept, late, dropped masks, round duration). Failed tasks are known
+    at their failure time. With a ``deadline``, tasks finishing after it are
+    late; of the others, the ``k`` earliest count and the rest (over-selection's
+    surplus) are dropped. The round ends at the last kept update; at the
+    deadline when some update was late; at the last failure when fewer than
+    ``k`` updates came and the server had to learn of every failure.
+    """
+    ok = ~failed
+    late = ok & (durations > deadline) if deadline is not None else np.zeros(len(durations), dtype=bool)
+    order = np.lexsort((client_ids, durations))
+    kept = np.zeros(len(durations), dtype=bool)
+    kept[[i for i in order if ok[i] and not late[i]][:k]] = True
+    dropped = ok & ~late & ~kept
+    if late.any():
+        duration = float(deadline)
+    elif kept.sum() < k:  # the server waited until every task had finished or failed
+        duration = float(max(durations[kept].max(initial=0.0), fail_at[failed].max(initial=0.0)))
+    else:
+        duration = float(durations[kept].max(initial=0.0))
+    return kept, late, dropped, duration
 
 
 class SyncDriver:
-    """Runs ``execution.rounds`` synchronous rounds; calls ``on_round`` after each."""
+    """Runs ``execution.rounds`` synchronous rounds."""
 
-    def __init__(self, cfg, algorithm, runtime, train_sizes: np.ndarray, num_clients: int):
-        self.cfg, self.algorithm, self.runtime = cfg, algorithm, runtime
-        self.train_sizes, self.num_clients = train_sizes, num_clients
+    def __init__(self, scheduler):
+        self.s = scheduler
 
-    def run(self, state: dict, on_round) -> dict:
-        """Train from ``state``; ``on_round(round, state, updates, round_wall)`` logs each round."""
-        ex = self.cfg.execution
-        for r in range(ex.rounds):
-            began = time.perf_counter()
-            clients = sample_clients(self.cfg.seed, r, self.num_clients, ex.clients_per_round)
-            handle = self.runtime.broadcast(self.algorithm.payload(state))
-            tasks = make_tasks("train", clients, self.train_sizes, r, clients_per_task(self.cfg))
-            updates = ClientUpdates.concat(run_tasks(self.runtime, handle, tasks, self.train_sizes))
-            diverged = _first_diverged(updates)
-            if diverged is None:
-                state = self.algorithm.aggregate(state, updates)
-            on_round(r + 1, state, updates, time.perf_counter() - began)
+    def versions_in_use(self):
+        return ()
+
+    def step(self) -> None:
+        s, ex = self.s, self.s.cfg.execution
+        began = time.perf_counter()
+        k = ex.clients_per_round
+        clients = s.sample(math.ceil(ex.over_selection * k))
+        counter = s.counter
+        timing = s.timing(clients, np.full(len(clients), counter))
+        kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s, clients, k,
+                                            ex.deadline)
+        handles = s.payload_handle()
+        version = s.version
+        updates = None
+        start = s.clock
+        if kept.any():
+            tasks = make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version)
+            updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes))
+            diverged = updates.first_nonfinite()
             if diverged is not None:
+                s.done = True
+                self._log_events(clients, kept, late, dropped, timing, updates, start, version, "diverged")
                 raise DivergenceError(
-                    f"round {r + 1}: client {updates.client_ids[diverged]} diverged "
+                    f"round {version + 1}: client {updates.client_ids[diverged]} diverged "
                     f"(train_loss={updates.train_loss[diverged]}, non-finite update); "
-                    f"try a smaller algorithm.lr (now {self.cfg.algorithm.lr})")
-        return state
+                    f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
+            s.state = s.algorithm.aggregate(s.state, updates, s.aggregation_weights(updates))
+            s.applied += len(updates.client_ids)
+        s.clock += duration
+        s.version += 1
+        self._log_events(clients, kept, late, dropped, timing, updates, start, version, "applied")
+        final = s.version == ex.rounds
+        s.done = final
+        eval_row = s.evaluate_if_due(s.version, final=final)
+        n_kept = int(kept.sum())
+        s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
+                    time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),
+                    dropped=int(dropped.sum()))
 
+    def _log_events(self, clients, kept, late, dropped, timing, updates, start, version, kept_status) -> None:
+        s = self.s
+        n = len(clients)
+        loss = np.full(n, math.nan)
+        actor = np.full(n, -1)
+        compute = np.zeros(n)
+        if updates is not None:
+            pos = np.searchsorted(clients, updates.client_ids)
+            loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
+        status = np.select([kept, late, dropped], [kept_status, "late", "dropped"], "failed")
+        end = np.where(timing.failed, timing.fail_at_s, timing.duration_s)
+        s.log_events({
+            "round": np.full(n, version + 1), "client_id": clients, "actor": actor,
+            "samples": s.train_sizes[clients], "train_loss": loss, "compute_seconds": compute,
+            "virtual_start": np.full(n, start), "virtual_end": start + end,
+            "model_version": np.full(n, version), "staleness": np.zeros(n, dtype=np.int64), "status": status,
+        })
 
-def _first_diverged(updates: ClientUpdates):
-    """Index (in client-id order) of the first client with a non-finite loss or update, or None."""
-    bad = ~np.isfinite(updates.train_loss)
-    for tensor in updates.tensors.values():
-        bad |= ~tensor.reshape(len(bad), -1).isfinite().all(1).numpy()
-    hits = np.flatnonzero(bad)
-    return int(hits[0]) if len(hits) else None

@@ -15,6 +15,7 @@ class ParquetLog:
     file and an interrupted run keeps what was flushed."""
 
     def __init__(self, path: str, schema: pa.Schema, flush_seconds: float = 2.0):
+        """``schema`` types the known columns; other columns are typed from their first values."""
         self.path, self.schema, self.flush_seconds = path, schema, flush_seconds
         self._batches: list[pa.RecordBatch] = []
         self._pending = 0
@@ -22,7 +23,11 @@ class ParquetLog:
 
     def append(self, columns: dict) -> None:
         """Append rows given as column name → sequence (all the same length)."""
-        batch = pa.RecordBatch.from_pydict(columns, schema=self.schema)
+        if not self._batches:
+            known = set(self.schema.names)
+            extra = [pa.field(k, pa.array(v).type) for k, v in columns.items() if k not in known]
+            self.schema = pa.schema(list(self.schema) + extra)
+        batch = pa.RecordBatch.from_pydict({k: columns.get(k) for k in self.schema.names}, schema=self.schema)
         self._batches.append(batch)
         self._pending += batch.num_rows
         if time.monotonic() - self._last_flush >= self.flush_seconds:

@@ -1,0 +1,206 @@
+"""Asynchronous execution under virtual time (FedAsync, FedBuff, and later asynchronous FFGG).
+
+``execution.concurrency`` tasks are in flight. The earliest completion is popped
+from the event queue; its update, computed from the model version it was
+dispatched with, is applied with staleness = current version − that version
+(FedAsync: alone; FedBuff: once ``buffer_size`` updates are buffered); a new
+client available at that virtual time is dispatched. Real computation runs
+ahead in parallel on the actors: dispatched tasks are sent in small groups
+(actors queue them) and only the order of application is serial.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.algorithms import ClientUpdates
+from raysim.engine.clock import Event, EventQueue
+from raysim.engine.host import Task
+from raysim.errors import DivergenceError
+
+
+def staleness_weight(cfg, staleness: int) -> float:
+    """s(τ): ``constant`` 1; ``polynomial`` (1+τ)^−a; ``hinge`` 1 if τ ≤ b else 1/(a(τ−b)+1)."""
+    if cfg.kind == "polynomial":
+        return (1.0 + staleness) ** -cfg.a
+    if cfg.kind == "hinge":
+        return 1.0 if staleness <= cfg.b else 1.0 / (cfg.a * (staleness - cfg.b) + 1.0)
+    return 1.0
+
+
+@dataclass
+class InFlight:
+    """A dispatched task: the model version it started from and where its result will come from."""
+
+    version: int
+    start: float
+    failed: bool
+    call: int = -1  # index of the runtime call carrying it (-1: not sent yet)
+    index: int = 0  # position in that call's results
+
+
+@dataclass
+class Call:
+    pending: object
+    remaining: int
+    results: list | None = None
+
+
+class AsyncDriver:
+    """FedAsync / FedBuff server loop; one :meth:`step` handles one completion event."""
+
+    def __init__(self, scheduler):
+        self.s = scheduler
+        self.ex = scheduler.cfg.execution
+        self.queue = EventQueue()
+        self.unsent: list[Event] = []
+        self.calls: dict[int, Call] = {}
+        self.next_call = 0
+        self.buffer: list = []  # FedBuff: (ClientUpdates of one client, staleness weight)
+        self.next_actor = 0
+        self.step_began = time.perf_counter()
+        self.started = False
+
+    def versions_in_use(self):
+        return {e.data.version for e in self.unsent}
+
+    def step(self) -> None:
+        s = self.s
+        if not self.started:
+            self.started = True
+            self._dispatch()
+        event = self.queue.pop()
+        s.clock = event.time
+        info: InFlight = event.data
+        if info.failed:
+            self._log(event, None, "failed", 0)
+        else:
+            update = self._result(event)
+            staleness = s.version - info.version
+            if self.ex.max_staleness is not None and staleness > self.ex.max_staleness:
+                self._log(event, update, "stale", staleness)
+            else:
+                self._apply(event, update, staleness)
+        if not s.done and self._should_stop():
+            self._stop()
+        if not s.done:
+            self._dispatch()
+
+    # ------------------------------------------------------------------ server side
+
+    def _apply(self, event: Event, update: ClientUpdates, staleness: int) -> None:
+        s = self.s
+        if update.first_nonfinite() is not None:
+            s.done = True
+            self._log(event, update, "diverged", staleness)
+            raise DivergenceError(
+                f"update {s.applied + 1} (virtual time {s.clock:g}): client {event.client_id} diverged "
+                f"(train_loss={update.train_loss[0]}, non-finite update); "
+                f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
+        self.buffer.append((update, staleness_weight(self.ex.staleness, staleness)))
+        s.applied += 1
+        self._log(event, update, "applied", staleness)
+        size = 1 if self.ex.aggregation == "fedasync" else self.ex.buffer_size
+        if len(self.buffer) >= size:
+            self._server_step()
+
+    def _server_step(self) -> None:
+        s = self.s
+        updates = ClientUpdates.concat([u for u, _ in self.buffer])
+        ids = np.concatenate([u.client_ids for u, _ in self.buffer])
+        weights = np.array([w for _, w in self.buffer])[np.argsort(ids, kind="stable")] / len(self.buffer)
+        s.state = s.algorithm.aggregate(s.state, updates, weights)
+        s.version += 1
+        self.buffer = []
+        done = self._should_stop()
+        eval_row = s.evaluate_if_due(s.version, final=done)
+        s.done = done or self._should_stop()  # the evaluation may have reached target_accuracy
+        now = time.perf_counter()
+        s.log_round(updates, len(updates.client_ids), int(updates.samples.sum()), now - self.step_began, eval_row)
+        self.step_began = now
+
+    def _should_stop(self) -> bool:
+        s, ex = self.s, self.ex
+        return ((ex.max_updates is not None and s.applied >= ex.max_updates)
+                or (ex.max_virtual_time is not None and s.clock >= ex.max_virtual_time)
+                or (ex.target_accuracy is not None and s.last_eval["test_accuracy"] >= ex.target_accuracy))
+
+    def _stop(self) -> None:
+        """Stop between server steps: apply a partly filled buffer, or evaluate in a last row."""
+        s = self.s
+        if self.buffer:
+            self._server_step()
+        else:
+            eval_row = s.evaluate_if_due(s.version, final=True)
+            s.log_round(None, 0, 0, math.nan, eval_row)
+        s.done = True
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self) -> None:
+        """Fill the free concurrency slots with clients available now."""
+        s = self.s
+        free = self.ex.concurrency - len(self.queue)
+        if free <= 0:
+            return
+        clients = s.sample(free, exclude=np.array(self.queue.clients(), dtype=np.int64))
+        counter = s.counter
+        timing = s.timing(clients, np.full(len(clients), counter))
+        s.payload_handle()
+        for i, c in enumerate(clients):
+            failed = bool(timing.failed[i])
+            end = timing.fail_at_s[i] if failed else timing.duration_s[i]
+            event = Event(s.clock + float(end), int(c), counter, InFlight(s.version, s.clock, failed))
+            self.queue.push(event)
+            if not failed:
+                self.unsent.append(event)
+        if len(self.unsent) >= self.s.task_size:
+            self._send()
+
+    def _send(self) -> None:
+        """Send the unsent tasks in groups of ``clients_per_task`` clients (trained together,
+        vectorized, each from its own model version), one call per group, round-robin over
+        the actors: actors queue the calls and stay busy. Groups are cut by the order of
+        dispatch alone, so results do not depend on the number of actors."""
+        s = self.s
+        size = s.task_size
+        for first in range(0, len(self.unsent), size):
+            group = self.unsent[first:first + size]
+            versions = tuple(e.data.version for e in group)
+            task = Task("train", tuple(e.client_id for e in group), tuple(e.counter for e in group), versions)
+            pending = s.runtime.submit(self.next_actor, s.handles(set(versions)), [task])
+            self.next_actor = (self.next_actor + 1) % s.runtime.num_actors
+            self.calls[self.next_call] = Call(pending, len(group))
+            for index, event in enumerate(group):
+                event.data.call, event.data.index = self.next_call, index
+            self.next_call += 1
+        self.unsent = []
+
+    def _result(self, event: Event) -> ClientUpdates:
+        info: InFlight = event.data
+        if info.call < 0:
+            self._send()
+        call = self.calls[info.call]
+        if call.results is None:
+            call.results = self.s.runtime.gather([call.pending])[0][0].split()
+        call.remaining -= 1
+        if call.remaining == 0:
+            del self.calls[info.call]
+        return call.results[info.index]
+
+    def _log(self, event: Event, update: ClientUpdates | None, status: str, staleness: int) -> None:
+        s, info = self.s, event.data
+        s.log_events({
+            "round": np.array([s.version]), "client_id": np.array([event.client_id]),
+            "actor": np.array([update.actor[0] if update is not None else -1]),
+            "samples": np.array([s.train_sizes[event.client_id]]),
+            "train_loss": np.array([update.train_loss[0] if update is not None else math.nan]),
+            "compute_seconds": np.array([update.compute_seconds[0] if update is not None else 0.0]),
+            "virtual_start": np.array([info.start]), "virtual_end": np.array([event.time]),
+            "model_version": np.array([info.version]), "staleness": np.array([staleness]),
+            "status": np.array([status]),
+        })

@@ -1,0 +1,168 @@
+"""The Scheduler: owns the virtual clock, the server state and the dispatch of client tasks.
+
+It runs the same way in-process (``runtime.backend: local``) and inside the
+SchedulerActor (Ray). The driver only calls :meth:`Scheduler.advance` and writes
+the rows it returns; nothing here depends on how fast the host is.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pyarrow as pa
+from omegaconf import OmegaConf
+
+from raysim.algorithms import make_algorithm
+from raysim.data import FederatedDataset
+from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
+from raysim.engine.evaluation import GlobalEvaluator
+from raysim.errors import NoClientAvailable, RunError
+from raysim.models import build_model
+from raysim.models.flat import sha256
+from raysim.system import SystemModel
+
+FLOAT_BYTES = 4
+
+
+class Scheduler:
+    """Virtual time, server state, dispatch; :meth:`advance` runs server steps for a while."""
+
+    def __init__(self, scenario: dict, table: pa.Table, runtime):
+        from raysim.engine.asynchronous import AsyncDriver
+        from raysim.engine.sync import SyncDriver
+
+        cfg = self.cfg = OmegaConf.create(scenario)
+        self.runtime = runtime
+        self.dataset = FederatedDataset(table)
+        offsets = self.dataset.offsets()
+        self.train_sizes = offsets[:, 1] - offsets[:, 0]
+        self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
+        self.algorithm = make_algorithm(cfg.algorithm)
+        self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
+        self.evaluator = GlobalEvaluator(self.model, self.dataset, cfg.runtime.torch_threads)
+        self.task_size = clients_per_task(cfg)
+        self.state = self.algorithm.init(self.model.initial_vector())
+        self.version = 0  # server model version: increases with every server step
+        self.clock = 0.0  # virtual seconds
+        self.counter = 0  # dispatches so far: seeds each task's RNG together with the client id
+        self.began = time.perf_counter()
+        self.last_eval = {"test_loss": math.nan, "test_accuracy": math.nan, "personalized_accuracy": math.nan}
+        self.applied = 0
+        self.done = False
+        self._rounds: list = []
+        self._events: list = []
+        self._handles: dict = {}
+        a = cfg.algorithm
+        per_client = (np.full(len(self.train_sizes), a.local_steps * a.batch_size) if a.local_steps
+                      else self.train_sizes * a.local_epochs)
+        steps = self.system.profile["local_steps"]
+        self.work = np.where(steps > 0, steps * a.batch_size, per_client).astype(np.float64)
+        self.message_bytes = self.model.size * FLOAT_BYTES
+        self.driver = SyncDriver(self) if cfg.execution.mode == "sync" else AsyncDriver(self)
+
+    # ------------------------------------------------------------------ driver API
+
+    def advance(self, budget_seconds: float) -> dict:
+        """Run server steps for about ``budget_seconds`` of wall time (at least one step).
+
+        Returns the rounds and events rows produced, whether the run is done, the
+        error that ended it (if any), the latest evaluation, the number of applied
+        updates and the server version.
+        """
+        until = time.perf_counter() + budget_seconds
+        error = None
+        try:
+            while not self.done:
+                self.driver.step()
+                if time.perf_counter() >= until:
+                    break
+        except RunError as exc:  # reported with the rows made so far
+            self.done, error = True, exc
+        out = {"rounds": self._rounds, "events": self._events, "done": self.done, "error": error,
+               "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version}
+        self._rounds, self._events = [], []
+        return out
+
+    def finish(self) -> dict:
+        """Final parameters, their SHA-256 and the run's virtual-time totals."""
+        params = self.algorithm.global_params(self.state)
+        return {"params": params.clone(), "model_sha256": sha256(params), "virtual_time": self.clock,
+                "server_steps": self.version, "client_updates": self.applied, "system": self.system.describe()}
+
+    # ------------------------------------------------------------------ services for drivers
+
+    def payload_handle(self) -> dict:
+        """{version: handle} of the current model, broadcast once per version."""
+        if self.version not in self._handles:
+            self._handles = {v: h for v, h in self._handles.items() if v in self.driver.versions_in_use()}
+            self._handles[self.version] = self.runtime.broadcast(self.algorithm.payload(self.state))
+        return {self.version: self._handles[self.version]}
+
+    def handles(self, versions) -> dict:
+        """Handles of the given (still referenced) model versions."""
+        return {v: self._handles[v] for v in versions}
+
+    def sample(self, k: int, exclude=None) -> np.ndarray:
+        """Up to ``k`` clients available now; jumps the clock while nobody is available."""
+        for _ in range(1000):
+            clients = self.system.sample_available(self.clock, self.counter, k, exclude)
+            self.counter += 1
+            if len(clients):
+                return clients
+            wake = self.system.next_available_time(self.clock)
+            if math.isinf(wake):
+                raise NoClientAvailable(
+                    f"at virtual time {self.clock:g}: no client is available and none will ever be "
+                    "(check system.availability)")
+            self.clock = max(self.clock, wake)
+        raise NoClientAvailable(f"at virtual time {self.clock:g}: no client available after 1000 tries "
+                                "(check system.availability)")
+
+    def aggregation_weights(self, updates) -> np.ndarray:
+        """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``)."""
+        if self.cfg.system.unreliable.weights == "uniform":
+            return np.full(len(updates.client_ids), 1.0 / len(updates.client_ids))
+        return updates.samples / updates.samples.sum()
+
+    def timing(self, clients: np.ndarray, counters: np.ndarray):
+        """Virtual durations of training tasks for ``clients`` dispatched with ``counters``."""
+        return self.system.task_timing(clients, counters, self.work[clients], self.message_bytes,
+                                       self.message_bytes)
+
+    def evaluate_if_due(self, step: int, final: bool = False) -> dict:
+        """Evaluate the global model when ``step`` is an evaluation step (or ``final``)."""
+        every = self.cfg.eval.every
+        row = {"test_loss": math.nan, "test_accuracy": math.nan, "personalized_accuracy": math.nan}
+        if final or (every > 0 and step % every == 0):
+            row["test_loss"], row["test_accuracy"] = self.evaluator(self.algorithm.global_params(self.state))
+            row["personalized_accuracy"] = self._personalized_accuracy()
+            self.last_eval.update(row)
+        return row
+
+    def _personalized_accuracy(self) -> float:
+        if self.cfg.eval.personalized_steps == 0:
+            return math.nan
+        clients = np.arange(self.dataset.num_clients)
+        tasks = make_tasks("personalize", clients, self.train_sizes, 0, self.task_size, self.version)
+        results = run_tasks(self.runtime, self.payload_handle(), tasks, self.train_sizes)
+        rows = sum(int(p.test_rows.sum()) for p in results)
+        return sum(int(p.test_correct.sum()) for p in results) / rows if rows else math.nan
+
+    def log_round(self, updates, clients: int, samples: int, round_wall: float, eval_row: dict, **counts) -> None:
+        """One rounds.parquet row for the server step just taken (missing values as nulls)."""
+        loss = (float(np.dot(updates.samples, updates.train_loss) / updates.samples.sum())
+                if updates is not None and len(updates.client_ids) else math.nan)
+        row = {
+            "round": self.version, "virtual_time": self.clock, "wall_time": time.perf_counter() - self.began,
+            "train_loss": loss, **eval_row, "clients": clients, "samples": samples,
+            "updates_per_second": clients / round_wall if round_wall > 0 else math.nan,
+            **{k: counts.get(k, 0) for k in ("late", "dropped", "failed", "stale")},
+        }
+        self._rounds.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
+
+    def log_events(self, rows: dict) -> None:
+        """Event rows (columns) for client tasks that ended; adds the clients' system profile."""
+        rows.update(self.system.profile_of(rows["client_id"]))
+        self._events.append(rows)

@@ -1,0 +1,17 @@
+"""The virtual-time system model: device speeds, networks, availability, dropout, unreliable agents.
+
+Every client task gets a virtual duration from :class:`SystemModel` (never from
+host speed) and only available clients are sampled; everything is a pure
+function of (seed, client id, task counter). ``SystemConfig`` is the ``system:``
+section of a scenario; ``DISTRIBUTIONS`` describes every ``kind`` per section.
+"""
+
+from raysim.system.config import (DISTRIBUTIONS, AvailabilityConfig, ComputeConfig, DistributionConfig,
+                                  NetworkConfig, SystemConfig, Tier, UnreliableConfig)
+from raysim.system.model import (PROFILE_STREAMS, SYSTEM_AVAILABILITY, SYSTEM_PROFILE, SYSTEM_SAMPLE, SYSTEM_TASK,
+                                 SystemModel, TaskTiming)
+from raysim.system.validate import validate_system
+
+__all__ = ["DISTRIBUTIONS", "PROFILE_STREAMS", "SYSTEM_AVAILABILITY", "SYSTEM_PROFILE", "SYSTEM_SAMPLE",
+           "SYSTEM_TASK", "AvailabilityConfig", "ComputeConfig", "DistributionConfig", "NetworkConfig",
+           "SystemConfig", "SystemModel", "TaskTiming", "Tier", "UnreliableConfig", "validate_system"]

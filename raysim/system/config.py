@@ -1,0 +1,127 @@
+"""The ``system:`` section of a scenario: devices, networks, availability, dropout, unreliable agents.
+
+Structured omegaconf dataclasses (every key, type and default), plus
+:data:`DISTRIBUTIONS`, the one-line description of every ``kind`` (and other
+named option) per section, which validation and ``raysim list`` both use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class Tier:
+    """One device class (compute tiers) or network class (network tiers)."""
+
+    fraction: float = 1.0  # share of the clients in this tier
+    speed: float = 1.0  # compute tiers: relative device speed
+    down_mbps: float = 100.0  # network tiers
+    up_mbps: float = 20.0
+    latency_s: float = 0.05
+
+
+@dataclass
+class ComputeConfig:
+    """Per-client device speed and the virtual compute time of a task."""
+
+    kind: str = "constant"  # constant | tiers | lognormal | pareto | trace
+    speed: float = 1.0  # constant
+    tiers: List[Tier] = field(default_factory=list)  # tiers: fractions sum to 1
+    mu: float = 0.0  # lognormal: speed = exp(N(mu, sigma))
+    sigma: float = 1.0
+    shape: float = 1.5  # pareto: speed = scale / (1 + Lomax(shape))
+    scale: float = 1.0
+    slow_fraction: float = 0.0  # this share of clients (at random) is slower by slow_factor, on top of any kind
+    slow_factor: float = 10.0
+    path: Optional[str] = None  # trace: CSV or Parquet with columns client_id, speed
+    seconds_per_sample: float = 0.001  # virtual seconds per sample at speed 1
+    noise: float = 0.0  # per-task multiplicative noise exp(N(0, noise))
+
+
+@dataclass
+class NetworkConfig:
+    """Per-client bandwidths and latency: the virtual communication time of a task."""
+
+    kind: str = "none"  # none | constant | tiers | lognormal
+    down_mbps: float = 100.0
+    up_mbps: float = 20.0
+    latency_s: float = 0.05
+    tiers: List[Tier] = field(default_factory=list)
+    sigma: float = 0.5  # lognormal: bandwidths = constants * exp(N(0, sigma)) per client
+
+
+@dataclass
+class AvailabilityConfig:
+    """When a client can be sampled."""
+
+    kind: str = "always"  # always | bernoulli | diurnal | trace
+    p: float = 1.0  # bernoulli: chance a client is available at a dispatch
+    period: float = 86400.0  # diurnal: virtual seconds per day
+    on_fraction: float = 0.5  # diurnal: share of each period a client is online (uniform phase per client)
+    path: Optional[str] = None  # trace: CSV or Parquet with columns client_id, start, end
+
+
+@dataclass
+class DistributionConfig:
+    """A per-client number drawn once (participation probability, local step count)."""
+
+    kind: str = "constant"  # constant | uniform | uniform_int | poisson
+    value: float = 1.0  # constant
+    low: float = 0.0  # uniform, uniform_int: [low, high]
+    high: float = 1.0
+    mean: float = 1.0  # poisson (at least 1)
+
+
+@dataclass
+class UnreliableConfig:
+    """Unreliable agents of paper [SO]: per-step participation, per-client local work, weights, noise."""
+
+    participation: DistributionConfig = field(default_factory=DistributionConfig)  # delta_k in (0, 1]
+    local_steps: Optional[DistributionConfig] = None  # E_k; null: the algorithm's own setting
+    weights: str = "samples"  # samples | uniform
+    gradient_noise: str = "none"  # none | gaussian | laplace
+    noise_scale: float = 0.0
+
+
+@dataclass
+class SystemConfig:
+    """Virtual-time system model: a task's virtual duration and who can be sampled when."""
+
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
+    dropout: float = 0.0  # probability that a task fails part-way (no update; time until failure is spent)
+    unreliable: UnreliableConfig = field(default_factory=UnreliableConfig)
+
+
+DISTRIBUTIONS: dict[str, str] = {
+    "compute.constant": "every client has speed `speed`",
+    "compute.tiers": "device classes: a share `fraction` of the clients (drawn per client) has the tier's `speed`",
+    "compute.lognormal": "speed = exp(N(mu, sigma)) per client",
+    "compute.pareto": "heavy-tailed slowness: speed = scale / (1 + Lomax(shape)) per client",
+    "compute.trace": "speeds from `path` (CSV or Parquet with columns client_id, speed; every client once)",
+    "network.none": "communication is free",
+    "network.constant": "every client has down_mbps, up_mbps and latency_s",
+    "network.tiers": "network classes: a share `fraction` of the clients has the tier's down_mbps, up_mbps, latency_s",
+    "network.lognormal": "bandwidths = down_mbps, up_mbps times exp(N(0, sigma)) per client; latency_s constant",
+    "availability.always": "every client is always available",
+    "availability.bernoulli": "each client is available at a dispatch with probability p",
+    "availability.diurnal": "each client is online a share on_fraction of every period, at a uniform random phase",
+    "availability.trace": "online intervals from `path` (CSV or Parquet with columns client_id, start, end)",
+    "distribution.constant": "every client gets `value`",
+    "distribution.uniform": "a float uniform in [low, high] per client",
+    "distribution.uniform_int": "an integer uniform in [low, high] per client",
+    "distribution.poisson": "Poisson(mean) per client, at least 1",
+    "weights.samples": "aggregation weight p_k proportional to the client's training samples",
+    "weights.uniform": "aggregation weight p_k = 1 / (number of updates)",
+    "gradient_noise.none": "no perturbation of local gradients",
+    "gradient_noise.gaussian": "add N(0, noise_scale^2) to every coordinate of every local gradient",
+    "gradient_noise.laplace": "add Laplace(0, noise_scale) to every coordinate of every local gradient",
+}
+
+
+def kinds(section: str) -> list[str]:
+    """The names :data:`DISTRIBUTIONS` lists for ``section`` (e.g. ``"compute"``), sorted."""
+    return sorted(name.split(".", 1)[1] for name in DISTRIBUTIONS if name.startswith(section + "."))

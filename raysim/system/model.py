@@ -1,0 +1,306 @@
+"""The virtual-time system model: client profiles, task timings, availability and sampling.
+
+Every draw is a pure function of (seed, client id, task counter) — never of the
+number of actors, the order of calls or which other clients are in a call:
+
+* static per-client profiles come from ``default_rng([seed, SYSTEM_PROFILE, j])``,
+  one stream ``j`` per field (:data:`PROFILE_STREAMS`), drawn for all clients at
+  once; client ``c`` takes draw ``c`` of each stream, so its profile does not
+  depend on the number of clients either (trace files aside);
+* a task's noise, dropout coin and failure point come from its own generator
+  ``default_rng([seed, SYSTEM_TASK, client, counter])``;
+* Bernoulli availability coins at dispatch ``counter`` are the uniforms of
+  ``default_rng([seed, SYSTEM_AVAILABILITY, counter])``: client ``c`` is available
+  iff uniform ``c`` < p (one vectorized draw of N uniforms instead of N generators);
+* ``sample_available`` walks all clients in a random order keyed by
+  ``default_rng([seed, SYSTEM_SAMPLE, counter])`` and keeps the first ``k``
+  eligible ones (see :meth:`SystemModel.sample_available`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.system.traces import load_availability_trace, load_compute_trace
+from raysim.system.validate import validate_system
+
+SYSTEM_PROFILE, SYSTEM_TASK, SYSTEM_AVAILABILITY = 10, 11, 12  # random stream ids (the engine uses 0..2)
+SYSTEM_SAMPLE = SYSTEM_AVAILABILITY + 100
+
+# Profile field -> j of its stream default_rng([seed, SYSTEM_PROFILE, j]). Never renumber: add new j's.
+PROFILE_STREAMS = {"speed": 0, "tier": 1, "slow": 2, "net_tier": 3, "down_mbps": 4, "up_mbps": 5,
+                   "phase": 6, "participation": 7, "local_steps": 8}
+
+
+@dataclass
+class TaskTiming:
+    """Virtual timing of tasks, one entry per task in the order given (seconds)."""
+
+    compute_s: np.ndarray  # work * seconds_per_sample / speed * noise factor
+    comm_s: np.ndarray  # 2 * latency + bytes down and up over the bandwidths (0 without a network model)
+    duration_s: np.ndarray  # compute_s + comm_s
+    failed: np.ndarray  # bool: the task drops out (no update)
+    fail_at_s: np.ndarray  # failed tasks: when the failure is known, in (0, duration_s); NaN otherwise
+
+    @property
+    def known_at_s(self) -> np.ndarray:
+        """Seconds after dispatch at which the server learns the outcome (failure or update)."""
+        return np.where(self.failed, self.fail_at_s, self.duration_s)
+
+
+class SystemModel:
+    """Per-client system profiles and the virtual-time services the engine needs.
+
+    ``cfg`` is the ``system`` section (a :class:`~raysim.system.SystemConfig` or
+    an omegaconf node with the same keys); it is validated here, and trace files
+    are loaded and checked against ``num_clients``.
+    """
+
+    def __init__(self, cfg, num_clients: int, seed: int):
+        validate_system(cfg, None)
+        self.cfg, self.num_clients, self.seed = cfg, int(num_clients), int(seed)
+        self.profile: dict[str, np.ndarray] = {}
+        self._draw_compute()
+        self._draw_network()
+        self._draw_availability()
+        self._draw_unreliable()
+        self._coins_counter, self._coins = None, None  # Bernoulli coins of the latest counter
+
+    # ------------------------------------------------------------------ static profiles
+
+    def _rng(self, field: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, SYSTEM_PROFILE, PROFILE_STREAMS[field]])
+
+    def _draw_tier(self, field: str, tiers) -> np.ndarray:
+        """Each client's tier index, drawn independently with the tiers' fractions."""
+        edges = np.cumsum([float(t.fraction) for t in tiers])
+        u = self._rng(field).random(self.num_clients) * edges[-1]
+        return np.minimum(np.searchsorted(edges, u, side="right"), len(tiers) - 1).astype(np.int64)
+
+    def _draw_compute(self) -> None:
+        c, n = self.cfg.compute, self.num_clients
+        tier = np.full(n, -1, dtype=np.int64)
+        if c.kind == "constant":
+            speed = np.full(n, float(c.speed))
+        elif c.kind == "tiers":
+            tier = self._draw_tier("tier", c.tiers)
+            speed = np.array([float(t.speed) for t in c.tiers])[tier]
+        elif c.kind == "lognormal":
+            speed = self._rng("speed").lognormal(c.mu, c.sigma, n)
+        elif c.kind == "pareto":
+            speed = c.scale / (1.0 + self._rng("speed").pareto(c.shape, n))
+        else:  # trace
+            speed = load_compute_trace(c.path, n)
+        slow = self._rng("slow").random(n) < c.slow_fraction if c.slow_fraction > 0 else np.zeros(n, bool)
+        self.profile.update(speed=np.where(slow, speed / c.slow_factor, speed), tier=tier, slow=slow)
+
+    def _draw_network(self) -> None:
+        w, n = self.cfg.network, self.num_clients
+        net_tier = np.full(n, -1, dtype=np.int64)
+        if w.kind == "none":  # free communication: infinite bandwidth, no latency
+            down, up, latency = np.full(n, math.inf), np.full(n, math.inf), np.zeros(n)
+        elif w.kind == "tiers":
+            net_tier = self._draw_tier("net_tier", w.tiers)
+            down = np.array([float(t.down_mbps) for t in w.tiers])[net_tier]
+            up = np.array([float(t.up_mbps) for t in w.tiers])[net_tier]
+            latency = np.array([float(t.latency_s) for t in w.tiers])[net_tier]
+        else:  # constant, lognormal
+            down, up = np.full(n, float(w.down_mbps)), np.full(n, float(w.up_mbps))
+            if w.kind == "lognormal":
+                down *= np.exp(w.sigma * self._rng("down_mbps").standard_normal(n))
+                up *= np.exp(w.sigma * self._rng("up_mbps").standard_normal(n))
+            latency = np.full(n, float(w.latency_s))
+        self.profile.update(down_mbps=down, up_mbps=up, latency_s=latency, net_tier=net_tier)
+
+    def _draw_availability(self) -> None:
+        a, n = self.cfg.availability, self.num_clients
+        self.profile["phase"] = self._rng("phase").random(n) if a.kind == "diurnal" else np.zeros(n)
+        self._intervals = load_availability_trace(a.path, n) if a.kind == "trace" else None
+        # expected share of clients available at a dispatch (trace: ever online), for describe() and batch sizes
+        self._online_share = (self._intervals.clients_with_intervals / n if a.kind == "trace" else
+                              {"always": 1.0, "bernoulli": float(a.p), "diurnal": float(a.on_fraction)}[a.kind])
+
+    def _draw_unreliable(self) -> None:
+        u = self.cfg.unreliable
+        self.profile["participation"] = self._draw_distribution("participation", u.participation)
+        steps = (np.zeros(self.num_clients) if u.local_steps is None
+                 else self._draw_distribution("local_steps", u.local_steps))
+        self.profile["local_steps"] = steps.astype(np.int64)
+
+    def _draw_distribution(self, field: str, d) -> np.ndarray:
+        n = self.num_clients
+        if d.kind == "constant":
+            return np.full(n, float(d.value))
+        if d.kind == "uniform":
+            return self._rng(field).uniform(d.low, d.high, n)
+        if d.kind == "uniform_int":
+            return self._rng(field).integers(int(d.low), int(d.high), size=n, endpoint=True).astype(np.float64)
+        return np.maximum(1, self._rng(field).poisson(d.mean, n)).astype(np.float64)  # poisson
+
+    def profile_of(self, client_ids) -> dict[str, np.ndarray]:
+        """The profile fields of the given clients (arrays aligned with ``client_ids``)."""
+        ids = np.asarray(client_ids, dtype=np.int64)
+        return {name: values[ids] for name, values in self.profile.items()}
+
+    # ------------------------------------------------------------------ task timing
+
+    def task_timing(self, client_ids, counters, work, bytes_down: int, bytes_up: int) -> TaskTiming:
+        """Virtual timing of tasks: client ``client_ids[i]`` dispatched with ``counters[i]``
+        processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes.
+
+        A task's random draws (noise, dropout coin, failure point) come only from
+        ``default_rng([seed, SYSTEM_TASK, client, counter])``, always in the same
+        order, so a task's timing does not depend on the other tasks in the call.
+        """
+        ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
+        counters = np.broadcast_to(np.asarray(counters, dtype=np.int64), ids.shape)
+        work = np.broadcast_to(np.asarray(work, dtype=np.float64), ids.shape)
+        z, coin, frac = np.empty(len(ids)), np.empty(len(ids)), np.empty(len(ids))
+        for i, (client, counter) in enumerate(zip(ids.tolist(), counters.tolist())):
+            rng = np.random.default_rng([self.seed, SYSTEM_TASK, client, counter])
+            z[i], coin[i] = rng.standard_normal(), rng.random()
+            frac[i] = rng.integers(1, 2 ** 53) / 2 ** 53  # in (0, 1): a failure strictly inside the task
+        c, p = self.cfg.compute, self.profile
+        compute_s = work * c.seconds_per_sample / p["speed"][ids] * np.exp(c.noise * z)
+        comm_s = (2.0 * p["latency_s"][ids] + bytes_down * 8 / (p["down_mbps"][ids] * 1e6)
+                  + bytes_up * 8 / (p["up_mbps"][ids] * 1e6))
+        duration_s = compute_s + comm_s
+        failed = coin < self.cfg.dropout
+        return TaskTiming(compute_s, comm_s, duration_s, failed, np.where(failed, frac * duration_s, np.nan))
+
+    # ------------------------------------------------------------------ availability
+
+    def available(self, client_ids, t: float, counter: int) -> np.ndarray:
+        """Whether each client can be sampled at virtual time ``t`` by dispatch ``counter`` (bool array).
+
+        always: True; bernoulli: uniform ``client`` of ``default_rng([seed,
+        SYSTEM_AVAILABILITY, counter])`` < p (N uniforms are drawn once per counter and
+        kept for the latest counter: ~4 ms for N = 1,000,000); diurnal: ``(t / period +
+        phase) mod 1 < on_fraction``; trace: ``t`` lies in one of the client's intervals.
+        """
+        ids = np.asarray(client_ids, dtype=np.int64)
+        a = self.cfg.availability
+        if a.kind == "always":
+            return np.ones(ids.shape, dtype=bool)
+        if a.kind == "bernoulli":
+            if self._coins_counter != counter:
+                rng = np.random.default_rng([self.seed, SYSTEM_AVAILABILITY, int(counter)])
+                self._coins_counter, self._coins = counter, rng.random(self.num_clients)
+            return self._coins[ids] < a.p
+        if a.kind == "diurnal":
+            return np.mod(t / a.period + self.profile["phase"][ids], 1.0) < a.on_fraction
+        return self._intervals.active(ids, t)  # trace
+
+    def sample_available(self, t: float, counter: int, k: int, exclude=None) -> np.ndarray:
+        """Up to ``k`` distinct clients, uniformly among those available at ``t`` and not in
+        ``exclude``, sorted by id (fewer, possibly none, if fewer are eligible).
+
+        Algorithm: all clients in a random order (a keyed pseudorandom permutation
+        whose keys come from ``default_rng([seed, SYSTEM_SAMPLE, counter])``); the
+        sample is the first ``k`` eligible clients in that order. The order is
+        evaluated lazily in growing batches, so the result is one function of
+        (seed, counter, t, k, exclude) while the cost is O(k / eligible share):
+        about 1 ms for N = 1,000,000 and k = 100 when everyone is available, and
+        a few passes over N (tens of ms) only when almost nobody is.
+        """
+        order = _RandomOrder(self.num_clients, np.random.default_rng([self.seed, SYSTEM_SAMPLE, int(counter)]))
+        excluded = np.unique(np.asarray(exclude, dtype=np.int64)) if exclude is not None else np.empty(0, np.int64)
+        share = self._online_share * (1.0 - len(excluded) / self.num_clients)
+        batch = int(min(self.num_clients, 1.25 * k / max(share, 1.0 / self.num_clients) + 16))
+        chosen, need, position = [np.empty(0, dtype=np.int64)], int(k), 0
+        while need > 0 and position < self.num_clients:
+            candidates = order(np.arange(position, min(self.num_clients, position + batch)))
+            ok = self.available(candidates, t, counter)
+            if len(excluded):
+                ok &= ~np.isin(candidates, excluded, assume_unique=True)
+            chosen.append(candidates[ok][:need])
+            need -= len(chosen[-1])
+            position, batch = position + batch, 2 * batch
+        return np.sort(np.concatenate(chosen))
+
+    def next_available_time(self, t: float) -> float:
+        """The earliest virtual time >= t at which some client is available; ``math.inf`` if never.
+
+        always and bernoulli (p > 0): ``t``; diurnal: the nearest start of a client's
+        online window; trace: the nearest start of an interval (``t`` if one is open).
+        """
+        a = self.cfg.availability
+        if a.kind in ("always", "bernoulli"):  # validation rejects p = 0
+            return float(t)
+        if a.kind == "trace":
+            return self._intervals.next_time(t)
+        phase = self.profile["phase"]
+        x = np.mod(t / a.period + phase, 1.0)
+        if (x < a.on_fraction).any():
+            return float(t)
+        client = int(np.argmax(x))  # the client whose window opens first
+        when = t + (1.0 - x[client]) * a.period
+        step = a.period * 2.0 ** -52 * max(1.0, abs(when) / a.period)
+        while not np.mod(when / a.period + phase[client], 1.0) < a.on_fraction:  # rounding put it just before
+            when, step = when + step, 2 * step
+        return float(when)
+
+    # ------------------------------------------------------------------ summary
+
+    def describe(self) -> dict:
+        """Summary statistics of the population (JSON-friendly) for the run summary."""
+        p, cfg = self.profile, self.cfg
+        speed = p["speed"]
+        out = {"num_clients": self.num_clients, "compute_kind": cfg.compute.kind,
+               "speed_mean": float(speed.mean()), "speed_median": float(np.median(speed)),
+               "speed_min": float(speed.min()), "speed_max": float(speed.max()),
+               "slow_clients": int(p["slow"].sum())}
+        if cfg.compute.kind == "tiers":
+            out["tier_counts"] = np.bincount(p["tier"], minlength=len(cfg.compute.tiers)).tolist()
+        out["network_kind"] = cfg.network.kind
+        if cfg.network.kind != "none":
+            out.update(down_mbps_mean=float(p["down_mbps"].mean()), up_mbps_mean=float(p["up_mbps"].mean()),
+                       latency_s_mean=float(p["latency_s"].mean()))
+        if cfg.network.kind == "tiers":
+            out["network_tier_counts"] = np.bincount(p["net_tier"], minlength=len(cfg.network.tiers)).tolist()
+        out.update(availability_kind=cfg.availability.kind, available_share=self._online_share,
+                   dropout=float(cfg.dropout), participation_mean=float(p["participation"].mean()),
+                   local_steps_mean=(float(p["local_steps"].mean()) if cfg.unreliable.local_steps is not None
+                                     else None),
+                   weights=cfg.unreliable.weights, gradient_noise=cfg.unreliable.gradient_noise)
+        return out
+
+
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+class _RandomOrder:
+    """A keyed pseudorandom permutation of 0..n-1, evaluated for any positions (vectorized).
+
+    A balanced Feistel network on the smallest even number of bits covering n
+    (rounds mix with the SplitMix64 finalizer and a 64-bit key each), restricted
+    to 0..n-1 by cycle walking; positions map to distinct clients.
+    """
+
+    ROUNDS = 8
+
+    def __init__(self, n: int, rng: np.random.Generator):
+        bits = max(2, (n - 1).bit_length())
+        bits += bits % 2
+        self.n, self.half, self.mask = n, np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
+        self.keys = rng.integers(0, 2 ** 64, size=self.ROUNDS, dtype=np.uint64)
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            z = (right + key) * _GOLDEN
+            z = (z ^ (z >> np.uint64(30))) * _MIX1
+            z = (z ^ (z >> np.uint64(27))) * _MIX2
+            left, right = right, left ^ ((z ^ (z >> np.uint64(31))) & self.mask)
+        return (left << self.half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        y = self._feistel(positions.astype(np.uint64))
+        out = y >= self.n
+        while out.any():  # cycle walking: re-apply until inside 0..n-1
+            y[out] = self._feistel(y[out])
+            out[out] = y[out] >= self.n
+        return y.astype(np.int64)
