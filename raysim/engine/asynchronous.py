@@ -195,7 +195,7 @@ class AsyncDriver:
     def _log(self, event: Event, update: ClientUpdates | None, status: str, staleness: int) -> None:
         s, info = self.s, event.data
         s.log_events({
-            "round": np.array([s.version]), "client_id": np.array([event.client_id]),
+            "round": np.array([s.version + 1]), "client_id": np.array([event.client_id]),
             "actor": np.array([update.actor[0] if update is not None else -1]),
             "samples": np.array([s.train_sizes[event.client_id]]),
             "train_loss": np.array([update.train_loss[0] if update is not None else math.nan]),

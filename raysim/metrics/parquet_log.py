@@ -22,12 +22,13 @@ class ParquetLog:
         self._last_flush = time.monotonic()
 
     def append(self, columns: dict) -> None:
-        """Append rows given as column name → sequence (all the same length)."""
+        """Append rows given as column name → sequence (all the same length); NaN is stored as null."""
         if not self._batches:
             known = set(self.schema.names)
             extra = [pa.field(k, pa.array(v).type) for k, v in columns.items() if k not in known]
             self.schema = pa.schema(list(self.schema) + extra)
-        batch = pa.RecordBatch.from_pydict({k: columns.get(k) for k in self.schema.names}, schema=self.schema)
+        arrays = [pa.array(columns[f.name], type=f.type, from_pandas=True) for f in self.schema]  # NaN -> null
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._batches.append(batch)
         self._pending += batch.num_rows
         if time.monotonic() - self._last_flush >= self.flush_seconds:
