@@ -116,7 +116,7 @@ def cmd_report(args) -> int:
 def cmd_bench(args) -> int:
     from raysim.bench import run_bench
 
-    return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat)
+    return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -140,6 +140,8 @@ def parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
     bench = sub.add_parser("bench", help="workload W1 (and W2) against a bare PyTorch loop, same run")
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")
+    bench.add_argument("--async", dest="asynchronous", action="store_true",
+                       help="scheduler throughput (1,000 in flight) and async W1 vs sync W1 instead")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--out", default="results/bench", help="directory for the runs' outputs")
     bench.add_argument("--repeat", type=int, default=1, help="runs per side (medians are reported)")

@@ -371,6 +371,12 @@ def validate(cfg: DictConfig) -> None:
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)
 
 
+def scenario_object(container: dict) -> Scenario:
+    """A validated scenario (as a plain dict) as plain dataclasses: fast attribute access for
+    the hot paths of the scheduler and the client hosts."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Scenario), container))
+
+
 def to_yaml(cfg: DictConfig) -> str:
     """The resolved scenario as YAML text."""
     return OmegaConf.to_yaml(cfg, resolve=True)

@@ -23,7 +23,7 @@ MB = 1024 * 1024
 
 
 def _steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
-    """(updates/s, seconds per round) over every round but the first (warm-up)."""
+    """(updates/s, seconds per server step) over every step but the first (warm-up)."""
     rounds = round_seconds[1:] or round_seconds
     per_round = sum(rounds) / len(rounds)
     return clients_per_round / per_round, per_round
@@ -39,6 +39,10 @@ def run_raysim(workload: str, out: Path) -> dict:
         raise RuntimeError(f"raysim run of {workload} failed with exit code {figures['returncode']}")
     rounds = pq.read_table(run_dir / "rounds.parquet").to_pydict()
     summary = json.loads((run_dir / "summary.json").read_text())
+    if summary["mode"] == "async":  # many tiny server steps: rate over the whole run after the first
+        ups = summary["steady_updates_per_second"]
+        return dict(figures, updates_per_second=ups, seconds_per_round=1.0 / ups,
+                    final_test_accuracy=summary["final_test_accuracy"], actors=summary["num_actors"])
     round_seconds = [c / u for c, u in zip(rounds["clients"], rounds["updates_per_second"])]
     ups, per_round = _steady(round_seconds, rounds["clients"][0])
     return dict(figures, updates_per_second=ups, seconds_per_round=per_round,
@@ -70,11 +74,35 @@ def _median(runs: list) -> dict:
     return dict(runs[0], **{k: statistics.median(r[k] for r in runs) for k in keys}, repeats=len(runs))
 
 
-def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1) -> int:
+def run_async_bench(out: Path, repeat: int) -> dict:
+    """Scheduler throughput (1,000 tasks in flight, tiny model) and async W1 against sync W1."""
+    runs = {}
+    for _ in range(repeat):
+        for workload in ("scheduler", "w1_async", "w1"):
+            r = run_raysim(workload, out)
+            runs.setdefault(workload, []).append(r)
+            print(_row(f"{workload}/raysim", r), flush=True)
+    med = {name: _median(rs) for name, rs in runs.items()}
+    ratios = {"scheduler_updates_per_second": med["scheduler"]["updates_per_second"],
+              "async_over_sync_w1_wall": med["w1_async"]["wall_seconds"] / med["w1"]["wall_seconds"]}
+    print(f"scheduler: {ratios['scheduler_updates_per_second']:.0f} applied updates/s with 1,000 in flight "
+          f"(target >= 2000)")
+    print(f"async W1 (2,000 updates, concurrency 100) / sync W1 wall {ratios['async_over_sync_w1_wall']:.2f}x "
+          f"(target <= 1.5)")
+    return {"runs": runs, "medians": med, "ratios": ratios}
+
+
+def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
+              asynchronous: bool = False) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if asynchronous:
+        print(f"raysim bench --async on {os.cpu_count()} CPUs; each run in a fresh process")
+        print(f"{'run':14s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MB':>9s} {'RSS MB':>9s} {'accuracy':>8s}")
+        (out / "bench_async.json").write_text(json.dumps(run_async_bench(out, repeat), indent=2) + "\n")
+        return 0
     workloads = ["w1", "w2"] if w2 else ["w1"]
     sides = [s for s in ("bare", "raysim") if only in (None, s)]
     runs = {}

@@ -32,7 +32,3 @@ class EventQueue:
 
     def __len__(self) -> int:
         return len(self._heap)
-
-    def clients(self) -> list:
-        """Ids of the clients with an event queued (busy clients)."""
-        return [e.client_id for e in self._heap]

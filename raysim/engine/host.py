@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import torch
-from omegaconf import OmegaConf
+from raysim.config import scenario_object
 
 from raysim.algorithms import ClientContext, make_algorithm
 from raysim.data import FederatedDataset
@@ -47,7 +47,7 @@ class ClientHost:
     structure and the algorithm's client code. Any host can run any client."""
 
     def __init__(self, scenario: dict, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
-        cfg = OmegaConf.create(scenario)
+        cfg = scenario_object(scenario)
         self.cfg, self.actor_index, self.device = cfg, actor_index, torch.device(device)
         self.dataset = FederatedDataset(table)
         self.offsets = self.dataset.offsets()

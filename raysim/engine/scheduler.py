@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from omegaconf import OmegaConf
+from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
 from raysim.data import FederatedDataset
@@ -33,7 +33,7 @@ class Scheduler:
         from raysim.engine.asynchronous import AsyncDriver
         from raysim.engine.sync import SyncDriver
 
-        cfg = self.cfg = OmegaConf.create(scenario)
+        cfg = self.cfg = scenario_object(scenario)
         self.runtime = runtime
         self.dataset = FederatedDataset(table)
         offsets = self.dataset.offsets()
@@ -80,7 +80,9 @@ class Scheduler:
                     break
         except RunError as exc:  # reported with the rows made so far
             self.done, error = True, exc
-        out = {"rounds": self._rounds, "events": self._events, "done": self.done, "error": error,
+        events = ({k: np.concatenate([e[k] for e in self._events]) for k in self._events[0]}
+                  if self._events else None)
+        out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
                "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version}
         self._rounds, self._events = [], []
         return out

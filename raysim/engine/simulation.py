@@ -80,7 +80,8 @@ def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float |
     try:
         while True:
             report = scheduler.advance(ADVANCE_SECONDS)
-            for events in report["events"]:
+            events = report["events"]
+            if events is not None:
                 events_log.append(events)
                 for status, count in zip(*np.unique(events["status"], return_counts=True)):
                     statuses[str(status)] = statuses.get(str(status), 0) + int(count)

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 
 class ParquetLog:
     """Rows appended as the run goes; the file is rewritten atomically (write, then rename)
-    at most every ``flush_seconds`` and on :meth:`close`, so a reader never sees a partial
+    at most every ``flush_seconds`` — and never more than a tenth of the time, since each
+    rewrite grows with the rows — and on :meth:`close`, so a reader never sees a partial
     file and an interrupted run keeps what was flushed."""
 
     def __init__(self, path: str, schema: pa.Schema, flush_seconds: float = 2.0):
@@ -20,6 +21,7 @@ class ParquetLog:
         self._batches: list[pa.RecordBatch] = []
         self._pending = 0
         self._last_flush = time.monotonic()
+        self._flush_cost = 0.0
 
     def append(self, columns: dict) -> None:
         """Append rows given as column name → sequence (all the same length); NaN is stored as null."""
@@ -31,17 +33,19 @@ class ParquetLog:
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         self._batches.append(batch)
         self._pending += batch.num_rows
-        if time.monotonic() - self._last_flush >= self.flush_seconds:
+        if time.monotonic() - self._last_flush >= max(self.flush_seconds, 10 * self._flush_cost):
             self.flush()
 
     def flush(self) -> None:
         """Rewrite the file with every row so far."""
         if self._pending == 0 and os.path.exists(self.path):
             return
+        began = time.monotonic()
         tmp = f"{self.path}.tmp"
         pq.write_table(pa.Table.from_batches(self._batches, schema=self.schema), tmp)
         os.replace(tmp, self.path)
         self._pending, self._last_flush = 0, time.monotonic()
+        self._flush_cost = self._last_flush - began
 
     def close(self) -> None:
         """Flush what is left."""

@@ -199,8 +199,8 @@ class SystemModel:
         ``exclude``, sorted by id (fewer, possibly none, if fewer are eligible).
 
         Algorithm: all clients in a random order (a keyed pseudorandom permutation
-        whose keys come from ``default_rng([seed, SYSTEM_SAMPLE, counter])``); the
-        sample is the first ``k`` eligible clients in that order. The order is
+        whose keys come from ``default_rng([seed, SYSTEM_SAMPLE, counter])``, see
+        ``_RandomOrder``); the sample is the first ``k`` eligible clients in that order. The order is
         evaluated lazily in growing batches, so the result is one function of
         (seed, counter, t, k, exclude) while the cost is O(k / eligible share):
         about 1 ms for N = 1,000,000 and k = 100 when everyone is available, and
@@ -208,11 +208,11 @@ class SystemModel:
         """
         order = _RandomOrder(self.num_clients, np.random.default_rng([self.seed, SYSTEM_SAMPLE, int(counter)]))
         excluded = np.unique(np.asarray(exclude, dtype=np.int64)) if exclude is not None else np.empty(0, np.int64)
-        share = self._online_share * (1.0 - len(excluded) / self.num_clients)
-        batch = int(min(self.num_clients, 1.25 * k / max(share, 1.0 / self.num_clients) + 16))
+        share = self._online_share * (1.0 - len(excluded) / self.num_clients) * self.num_clients / order.domain
+        batch = int(min(order.domain, 1.25 * k / max(share, 1.0 / order.domain) + 16))
         chosen, need, position = [np.empty(0, dtype=np.int64)], int(k), 0
-        while need > 0 and position < self.num_clients:
-            candidates = order(np.arange(position, min(self.num_clients, position + batch)))
+        while need > 0 and position < order.domain:
+            candidates = order.slice(position, min(order.domain, position + batch))
             ok = self.available(candidates, t, counter)
             if len(excluded):
                 ok &= ~np.isin(candidates, excluded, assume_unique=True)
@@ -273,11 +273,12 @@ _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E
 
 
 class _RandomOrder:
-    """A keyed pseudorandom permutation of 0..n-1, evaluated for any positions (vectorized).
+    """A keyed pseudorandom order of 0..n-1, evaluated in slices (vectorized).
 
-    A balanced Feistel network on the smallest even number of bits covering n
-    (rounds mix with the SplitMix64 finalizer and a 64-bit key each), restricted
-    to 0..n-1 by cycle walking; positions map to distinct clients.
+    A balanced Feistel network permutes the smallest power-of-4 domain covering n
+    (rounds mix with the SplitMix64 finalizer and a 64-bit key each); the order of
+    the clients is that permutation with the values >= n left out, so a slice of
+    domain positions costs one network evaluation and no cycle walking.
     """
 
     ROUNDS = 8
@@ -285,7 +286,8 @@ class _RandomOrder:
     def __init__(self, n: int, rng: np.random.Generator):
         bits = max(2, (n - 1).bit_length())
         bits += bits % 2
-        self.n, self.half, self.mask = n, np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
+        self.n, self.domain = n, 1 << bits
+        self.half, self.mask = np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
         self.keys = rng.integers(0, 2 ** 64, size=self.ROUNDS, dtype=np.uint64)
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
@@ -297,10 +299,7 @@ class _RandomOrder:
             left, right = right, left ^ ((z ^ (z >> np.uint64(31))) & self.mask)
         return (left << self.half) | right
 
-    def __call__(self, positions: np.ndarray) -> np.ndarray:
-        y = self._feistel(positions.astype(np.uint64))
-        out = y >= self.n
-        while out.any():  # cycle walking: re-apply until inside 0..n-1
-            y[out] = self._feistel(y[out])
-            out[out] = y[out] >= self.n
-        return y.astype(np.int64)
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        """The clients at domain positions start..stop-1 of the order (values >= n left out)."""
+        y = self._feistel(np.arange(start, stop, dtype=np.uint64))
+        return y[y < np.uint64(self.n)].astype(np.int64)
