@@ -106,10 +106,12 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from raysim.metrics.report import write_report
+    from raysim.metrics.report import time_to_accuracy_table, write_report
 
     for path in write_report(args.runs, args.out):
         print(path)
+    if args.target is not None:
+        print(time_to_accuracy_table(args.runs, args.target))
     return 0
 
 
@@ -137,6 +139,8 @@ def parser() -> argparse.ArgumentParser:
                                        "staleness, participation, task timeline)")
     rep.add_argument("runs", nargs="+", help="run directories (output.dir of earlier runs)")
     rep.add_argument("--out", help="directory for the PNGs (default: the run's directory, or <parent>/report)")
+    rep.add_argument("--target", type=float, help="also print a Markdown table of the time each run took to "
+                                                  "reach this test accuracy")
     rep.set_defaults(func=cmd_report)
     bench = sub.add_parser("bench", help="workload W1 (and W2) against a bare PyTorch loop, same run")
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")

@@ -392,3 +392,13 @@ def test_distributions_describe_every_kind():
                            "distribution": ["constant", "uniform", "uniform_int", "poisson"]}.items():
         for name in names:
             assert DISTRIBUTIONS[f"{section}.{name}"]
+
+
+def test_sample_available_takes_a_mask_or_ids_alike():
+    m = model(3000, "availability.kind=diurnal", "availability.on_fraction=0.5", seed=2)
+    busy = m.sample_available(0.0, 7, 500)
+    mask = np.zeros(3000, dtype=bool)
+    mask[busy] = True
+    for counter in range(5):
+        assert np.array_equal(m.sample_available(10.0, counter, 40, exclude=busy),
+                              m.sample_available(10.0, counter, 40, exclude=mask))

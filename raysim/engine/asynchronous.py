@@ -60,7 +60,7 @@ class AsyncDriver:
         self.unsent: list[Event] = []
         self.calls: dict[int, Call] = {}
         self.next_call = 0
-        self.busy: set = set()  # clients with a task in flight
+        self.busy = np.zeros(scheduler.dataset.num_clients, dtype=bool)  # clients with a task in flight
         self.buffer: list = []  # FedBuff: (ClientUpdates of one client, staleness weight)
         self.next_actor = 0
         self.step_began = time.perf_counter()
@@ -75,7 +75,7 @@ class AsyncDriver:
             self.started = True
             self._dispatch()
         event = self.queue.pop()
-        self.busy.discard(event.client_id)
+        self.busy[event.client_id] = False
         s.clock = event.time
         info: InFlight = event.data
         if info.failed:
@@ -149,8 +149,8 @@ class AsyncDriver:
         free = self.ex.concurrency - len(self.queue)
         if free <= 0:
             return
-        clients = s.sample(free, exclude=np.fromiter(self.busy, dtype=np.int64, count=len(self.busy)))
-        self.busy.update(clients.tolist())
+        clients = s.sample(free, exclude=self.busy)
+        self.busy[clients] = True
         counter = s.counter
         timing = s.timing(clients, np.full(len(clients), counter))
         s.payload_handle()

@@ -266,3 +266,25 @@ def _timeline_figure(runs: list[_Run]) -> Figure | None:
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle("Client tasks on the virtual clock")
     return fig
+
+
+def time_to_accuracy_table(run_dirs: list[str], target: float) -> str:
+    """A Markdown table: per run, virtual and wall time to reach ``target`` test accuracy
+    (first evaluation at or above it), final accuracy, and task counts by status."""
+    names = [_summary_name(d) for d in run_dirs]
+    lines = [f"| run | virtual time to {target:g} accuracy | wall s to it | final accuracy | final virtual time "
+             "| applied | late | dropped | failed | stale |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, run_dir in zip(run_labels(names, run_dirs), run_dirs):
+        rounds = _read_columns(os.path.join(run_dir, "rounds.parquet"),
+                               ("virtual_time", "wall_time", "test_accuracy"))
+        acc = rounds["test_accuracy"].astype(float)
+        hit = np.flatnonzero(np.nan_to_num(acc, nan=-1.0) >= target)
+        reached = (f"{rounds['virtual_time'][hit[0]]:,.0f}", f"{rounds['wall_time'][hit[0]]:.1f}") if len(hit) \
+            else ("not reached", "—")
+        final = acc[np.isfinite(acc)][-1] if np.isfinite(acc).any() else float("nan")
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            tasks = json.load(f).get("tasks", {})
+        counts = " | ".join(str(tasks.get(k, 0)) for k in ("applied", "late", "dropped", "failed", "stale"))
+        lines.append(f"| {label} | {reached[0]} | {reached[1]} | {final:.4f} | "
+                     f"{rounds['virtual_time'][-1]:,.0f} | {counts} |")
+    return "\n".join(lines)

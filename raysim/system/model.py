@@ -196,7 +196,8 @@ class SystemModel:
 
     def sample_available(self, t: float, counter: int, k: int, exclude=None) -> np.ndarray:
         """Up to ``k`` distinct clients, uniformly among those available at ``t`` and not in
-        ``exclude``, sorted by id (fewer, possibly none, if fewer are eligible).
+        ``exclude`` (client ids, or a boolean mask over all clients), sorted by id (fewer,
+        possibly none, if fewer are eligible).
 
         Algorithm: all clients in a random order (a keyed pseudorandom permutation
         whose keys come from ``default_rng([seed, SYSTEM_SAMPLE, counter])``, see
@@ -207,14 +208,20 @@ class SystemModel:
         a few passes over N (tens of ms) only when almost nobody is.
         """
         order = _RandomOrder(self.num_clients, np.random.default_rng([self.seed, SYSTEM_SAMPLE, int(counter)]))
-        excluded = np.unique(np.asarray(exclude, dtype=np.int64)) if exclude is not None else np.empty(0, np.int64)
-        share = self._online_share * (1.0 - len(excluded) / self.num_clients) * self.num_clients / order.domain
+        if exclude is not None and exclude.dtype == bool:  # a mask over all clients: O(1) lookups
+            mask, n_excluded = exclude, int(np.count_nonzero(exclude))
+        else:
+            excluded = np.unique(np.asarray(exclude if exclude is not None else [], dtype=np.int64))
+            mask, n_excluded = None, len(excluded)
+        share = self._online_share * (1.0 - n_excluded / self.num_clients) * self.num_clients / order.domain
         batch = int(min(order.domain, 1.25 * k / max(share, 1.0 / order.domain) + 16))
         chosen, need, position = [np.empty(0, dtype=np.int64)], int(k), 0
         while need > 0 and position < order.domain:
             candidates = order.slice(position, min(order.domain, position + batch))
             ok = self.available(candidates, t, counter)
-            if len(excluded):
+            if mask is not None:
+                ok &= ~mask[candidates]
+            elif n_excluded:
                 ok &= ~np.isin(candidates, excluded, assume_unique=True)
             chosen.append(candidates[ok][:need])
             need -= len(chosen[-1])
