@@ -203,3 +203,8 @@ def test_report_command_writes_plots(tmp_path, capsys):
     assert {"accuracy_vs_virtual_time.png", "accuracy_vs_wall_time.png", "staleness_histogram.png",
             "participation_per_client.png", "timeline.png"} <= written
     assert json.loads((tmp_path / "a/out/summary.json").read_text())["mode"] == "async"
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "b/out"), "--out", str(tmp_path / "plots"), "--target", "0.99"]) == 0
+    table = capsys.readouterr().out.splitlines()[-1]
+    late = json.loads((tmp_path / "b/out/summary.json").read_text())["tasks"].get("late", 0)
+    assert table.startswith("| small | not reached |") and f"| {late} |" in table
