@@ -33,8 +33,8 @@ def make_tasks(op: str, client_ids: np.ndarray, train_sizes: np.ndarray, counter
     client_ids = np.asarray(client_ids, dtype=np.int64)
     order = np.lexsort((client_ids, train_sizes[client_ids]))
     ids = client_ids[order]
-    return [Task(op, tuple(int(c) for c in ids[i:i + size]), (counter,) * len(ids[i:i + size]),
-                 (version,) * len(ids[i:i + size])) for i in range(0, len(ids), size)]
+    groups = [tuple(int(c) for c in ids[i:i + size]) for i in range(0, len(ids), size)]
+    return [Task(op, g, (counter,) * len(g), (version,) * len(g)) for g in groups]
 
 
 def assign(tasks: list, train_sizes: np.ndarray, num_actors: int) -> list:
@@ -49,18 +49,13 @@ def assign(tasks: list, train_sizes: np.ndarray, num_actors: int) -> list:
     return assigned
 
 
-def submit_tasks(runtime, handles: dict, tasks: list, train_sizes: np.ndarray) -> list:
-    """Start tasks on the runtime's hosts; returns (pending, task indices) per busy host."""
-    return [(runtime.submit(a, {v: handles[v] for i in idx for v in tasks[i].versions},
-                            [tasks[i] for i in idx]), idx)
-            for a, idx in enumerate(assign(tasks, train_sizes, runtime.num_actors)) if idx]
-
-
 def run_tasks(runtime, handles: dict, tasks: list, train_sizes: np.ndarray) -> list:
-    """Run tasks and wait for them; results in task order."""
-    submitted = submit_tasks(runtime, handles, tasks, train_sizes)
+    """Run tasks (one call per busy host) and wait for them; results in task order."""
+    assigned = assign(tasks, train_sizes, runtime.num_actors)
+    pending = [runtime.submit(a, {v: handles[v] for i in idx for v in tasks[i].versions}, [tasks[i] for i in idx])
+               for a, idx in enumerate(assigned) if idx]
     results = [None] * len(tasks)
-    for (_, idx), outs in zip(submitted, runtime.gather([p for p, _ in submitted])):
+    for idx, outs in zip([idx for idx in assigned if idx], runtime.gather(pending)):
         for i, out in zip(idx, outs):
             results[i] = out
     return results

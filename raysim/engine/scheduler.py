@@ -16,8 +16,10 @@ from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
 from raysim.data import FederatedDataset
+from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import GlobalEvaluator
+from raysim.engine.sync import SyncDriver
 from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
@@ -30,9 +32,6 @@ class Scheduler:
     """Virtual time, server state, dispatch; :meth:`advance` runs server steps for a while."""
 
     def __init__(self, scenario: dict, table: pa.Table, runtime):
-        from raysim.engine.asynchronous import AsyncDriver
-        from raysim.engine.sync import SyncDriver
-
         cfg = self.cfg = scenario_object(scenario)
         self.runtime = runtime
         self.dataset = FederatedDataset(table)
