@@ -112,9 +112,15 @@ class RayRuntime:
                        for i in range(self.num_actors)]
         return FederatedDataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
-    def scheduler(self, scenario: dict, dataset) -> RemoteScheduler:
+    def scheduler(self, scenario: dict, dataset):
+        """The SchedulerActor — or, with ``runtime.scheduler: driver`` (``auto`` with an embedded
+        Ray), the same Scheduler in this process, which saves a process and its start-up."""
         from actors.scheduler_actor import SchedulerActor
+        from raysim.engine.scheduler import Scheduler
 
+        where = self.cfg.scheduler
+        if where == "driver" or (where == "auto" and self.cfg.address is None):
+            return Scheduler(scenario, dataset.table, ActorPool(self.actors))
         self._scheduler = SchedulerActor.remote(scenario, self._table, ActorPool(self.actors))
         return RemoteScheduler(self._scheduler)
 

@@ -66,8 +66,10 @@ MODES = {
 def test_identical_results_on_local_and_ray_with_1_2_4_actors(ray_session, tmp_path, mode):
     overrides = MODES[mode]
     runs = {"local": small_scenario(tmp_path / "local", *overrides)}
-    for n in (1, 2, 4):
-        runs[f"ray{n}"] = small_scenario(tmp_path / f"ray{n}", *overrides, f"runtime.num_actors={n}", backend="ray")
+    for n in (1, 2, 4):  # the SchedulerActor for 1 and 4 actors, the scheduler in this process for 2
+        where = "driver" if n == 2 else "actor"
+        runs[f"ray{n}"] = small_scenario(tmp_path / f"ray{n}", *overrides, f"runtime.num_actors={n}",
+                                         f"runtime.scheduler={where}", backend="ray")
     summaries = {}
     for name, cfg in runs.items():
         runtime = LocalRuntime() if name == "local" else _ray_runtime(cfg)
