@@ -4,31 +4,31 @@
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(order=True)
+@dataclass
 class Event:
     """A client task that ends (or fails) at virtual time ``time``."""
 
     time: float
     client_id: int
     counter: int
-    data: Any = field(compare=False, default=None)
+    data: Any = None
 
 
 class EventQueue:
-    """A min-heap of events."""
+    """A min-heap of events keyed by (time, client id, counter)."""
 
     def __init__(self):
-        self._heap: list[Event] = []
+        self._heap: list = []
 
     def push(self, event: Event) -> None:
-        heapq.heappush(self._heap, event)
+        heapq.heappush(self._heap, (event.time, event.client_id, event.counter, event))
 
     def pop(self) -> Event:
-        return heapq.heappop(self._heap)
+        return heapq.heappop(self._heap)[3]
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -26,6 +26,7 @@ from raysim.models.flat import sha256
 from raysim.system import SystemModel
 
 FLOAT_BYTES = 4
+MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten
 
 
 class Scheduler:
@@ -79,8 +80,10 @@ class Scheduler:
                     break
         except RunError as exc:  # reported with the rows made so far
             self.done, error = True, exc
-        events = ({k: np.concatenate([e[k] for e in self._events]) for k in self._events[0]}
-                  if self._events else None)
+        events = None
+        if self._events:
+            events = {k: np.concatenate([e[k] for e in self._events]) for k in self._events[0]}
+            events.update(self.system.profile_of(events["client_id"]))
         out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
                "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version}
         self._rounds, self._events = [], []
@@ -97,7 +100,9 @@ class Scheduler:
     def payload_handle(self) -> dict:
         """{version: handle} of the current model, broadcast once per version."""
         if self.version not in self._handles:
-            self._handles = {v: h for v, h in self._handles.items() if v in self.driver.versions_in_use()}
+            if len(self._handles) >= MAX_HANDLES:  # forget versions no unsent task refers to
+                in_use = self.driver.versions_in_use()
+                self._handles = {v: h for v, h in self._handles.items() if v in in_use}
             self._handles[self.version] = self.runtime.broadcast(self.algorithm.payload(self.state))
         return {self.version: self._handles[self.version]}
 
@@ -164,6 +169,6 @@ class Scheduler:
         self._rounds.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
 
     def log_events(self, rows: dict) -> None:
-        """Event rows (columns) for client tasks that ended; adds the clients' system profile."""
-        rows.update(self.system.profile_of(rows["client_id"]))
+        """Event rows (columns) for client tasks that ended (:meth:`advance` adds the clients'
+        system profile)."""
         self._events.append(rows)
