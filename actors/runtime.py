@@ -1,4 +1,5 @@
-"""RayRuntime: the engine's runtime protocol on Ray — ClientActors plus a SchedulerActor."""
+"""RayRuntime: the engine's runtime protocol on Ray — ClientActors (in a placement group that
+spreads or packs them over the nodes) plus a SchedulerActor."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import math
 import os
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raysim.errors import ScenarioError
 
@@ -23,13 +26,16 @@ def embedded_resources(runtime_cfg) -> tuple[float, float]:
     return float(cpus), float(gpus)
 
 
-def plan_actors(runtime_cfg, cpus: float, gpus: float) -> int:
-    """Number of ClientActors for the given cluster resources; ScenarioError if they cannot fit."""
+def plan_actors(runtime_cfg, nodes: list) -> int:
+    """Number of ClientActors that fit on ``nodes`` ((CPUs, GPUs) per node: an actor's share
+    must fit on one node); ScenarioError if they cannot fit."""
     cpa, gpa = runtime_cfg.cpus_per_actor, runtime_cfg.gpus_per_actor
-    fits = math.floor(cpus / cpa + 1e-9)
-    where = f"{cpus:g} CPUs at runtime.cpus_per_actor={cpa:g}"
+    per_node = [math.floor(c / cpa + 1e-9) if gpa == 0 else min(math.floor(c / cpa + 1e-9), math.floor(g / gpa + 1e-9))
+                for c, g in nodes]
+    fits = sum(per_node)
+    cpus, gpus = sum(c for c, _ in nodes), sum(g for _, g in nodes)
+    where = f"{len(nodes)} node(s), {cpus:g} CPUs at runtime.cpus_per_actor={cpa:g}"
     if gpa > 0:
-        fits = min(fits, math.floor(gpus / gpa + 1e-9))
         where += f", {gpus:g} GPUs at runtime.gpus_per_actor={gpa:g}"
     if fits < 1:
         key, value = ("runtime.gpus_per_actor", gpa) if gpa > 0 and gpus < gpa else ("runtime.cpus_per_actor", cpa)
@@ -45,12 +51,20 @@ def plan_actors(runtime_cfg, cpus: float, gpus: float) -> int:
 INLINE_PAYLOAD_BYTES = 100 * 1024  # smaller payloads travel inside the call, as Ray inlines small arguments
 
 
+def _bundle(runtime_cfg) -> dict:
+    """One ClientActor's share of a node, as a placement-group bundle."""
+    bundle = {"CPU": float(runtime_cfg.cpus_per_actor)}
+    if runtime_cfg.gpus_per_actor > 0:
+        bundle["GPU"] = float(runtime_cfg.gpus_per_actor)
+    return bundle
+
+
 class ActorPool:
     """The ClientActors as seen by the scheduler: broadcast through the object store, submit, gather.
     Picklable, so the SchedulerActor can hold it."""
 
-    def __init__(self, actors: list):
-        self.actors = actors
+    def __init__(self, actors: list, nodes: list):
+        self.actors, self.nodes = actors, nodes  # nodes[i]: the node id of actor i
         self.num_actors = len(actors)
 
     def broadcast(self, payload: dict):
@@ -86,8 +100,10 @@ class RayRuntime:
         self.cfg = runtime_cfg
         self.actors = []
         self.num_actors = 0
+        self.nodes = []
         self._table = None
         self._scheduler = None
+        self._group = None
         self._owns_ray = False
 
     def load(self, scenario: dict, dataset):
@@ -98,18 +114,22 @@ class RayRuntime:
         if not ray.is_initialized():
             if cfg.address is None:
                 cpus, gpus = embedded_resources(cfg)
-                plan_actors(cfg, cpus, gpus)  # bad input fails before Ray starts
+                plan_actors(cfg, [(cpus, gpus)])  # bad input fails before Ray starts
                 ray.init(num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False,
                          logging_level=logging.WARNING)
             else:
                 ray.init(address=cfg.address, logging_level=logging.WARNING)
             self._owns_ray = True
-        resources = ray.cluster_resources()
-        self.num_actors = plan_actors(cfg, resources.get("CPU", 0.0), resources.get("GPU", 0.0))
+        nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n["Alive"]]
+        self.num_actors = plan_actors(cfg, nodes)
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
-        options = {"num_cpus": cfg.cpus_per_actor, "num_gpus": cfg.gpus_per_actor}
-        self.actors = [ClientActor.options(**options).remote(scenario, self._table, i)
-                       for i in range(self.num_actors)]
+        self._group = placement_group([_bundle(cfg)] * self.num_actors,
+                                      strategy="SPREAD" if cfg.placement == "spread" else "PACK")
+        self.actors = [ClientActor.options(
+            num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=i),
+        ).remote(scenario, self._table, i) for i in range(self.num_actors)]
+        self.nodes = [info["node"] for info in self.describe()]
         return FederatedDataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
     def scheduler(self, scenario: dict, dataset):
@@ -120,8 +140,8 @@ class RayRuntime:
 
         where = self.cfg.scheduler
         if where == "driver" or (where == "auto" and self.cfg.address is None):
-            return Scheduler(scenario, dataset.table, ActorPool(self.actors))
-        self._scheduler = SchedulerActor.remote(scenario, self._table, ActorPool(self.actors))
+            return Scheduler(scenario, dataset.table, ActorPool(self.actors, self.nodes))
+        self._scheduler = SchedulerActor.remote(scenario, self._table, ActorPool(self.actors, self.nodes))
         return RemoteScheduler(self._scheduler)
 
     def describe(self) -> list:
@@ -135,4 +155,6 @@ class RayRuntime:
         else:
             for actor in self.actors + ([self._scheduler] if self._scheduler is not None else []):
                 ray.kill(actor)
-        self.actors, self._scheduler = [], None
+            if self._group is not None:
+                remove_placement_group(self._group)
+        self.actors, self._scheduler, self._group = [], None, None

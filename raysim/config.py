@@ -115,6 +115,7 @@ class RuntimeConfig:
     num_gpus: Optional[float] = None  # embedded Ray: GPUs to declare (null: detect)
     clients_per_task: Any = "auto"  # clients trained together (vectorized) in one task; auto: see README
     scheduler: str = "auto"  # actor | driver | auto (driver with an embedded Ray, actor on a cluster)
+    placement: str = "spread"  # spread | pack: ClientActors over the cluster's nodes
     torch_threads: int = 1  # torch threads inside client work
 
 
@@ -345,6 +346,7 @@ def validate(cfg: DictConfig) -> None:
     r = cfg.runtime
     _one_of("runtime.backend", r.backend, ["local", "ray"])
     _one_of("runtime.scheduler", r.scheduler, ["actor", "auto", "driver"])
+    _one_of("runtime.placement", r.placement, ["pack", "spread"])
     na = r.num_actors
     _check(na == "auto" or (isinstance(na, int) and not isinstance(na, bool) and na > 0),
            "runtime.num_actors", na, "a positive integer or 'auto'")

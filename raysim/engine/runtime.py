@@ -18,6 +18,7 @@ class Runtime(Protocol):
     """What the engine needs from a runtime."""
 
     num_actors: int
+    nodes: list  # the node of each host
 
     def load(self, scenario: dict, dataset):
         """Create the hosts; the data set travels once. Returns the data set the driver
@@ -48,6 +49,7 @@ class LocalRuntime:
     and by ``runtime.backend: local``."""
 
     num_actors = 1
+    nodes = ["local"]
 
     def __init__(self):
         self.host = None

@@ -83,6 +83,8 @@ class Scheduler:
         events = None
         if self._events:
             events = {k: np.concatenate([e[k] for e in self._events]) for k in self._events[0]}
+            nodes = np.array(list(self.runtime.nodes) + [""], dtype=object)  # actor -1: never computed
+            events["node"] = nodes[events["actor"]].astype(str)
             events.update(self.system.profile_of(events["client_id"]))
         out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
                "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version}

@@ -32,7 +32,7 @@ EVENTS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
     ("train_loss", pa.float64()), ("compute_seconds", pa.float64()), ("virtual_start", pa.float64()),
     ("virtual_end", pa.float64()), ("model_version", pa.int64()), ("staleness", pa.int64()),
-    ("status", pa.string()),
+    ("status", pa.string()), ("node", pa.string()),
 ])
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 
