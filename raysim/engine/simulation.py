@@ -7,17 +7,15 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import torch
 from omegaconf import OmegaConf
 
 from raysim.config import to_yaml
 from raysim.data import FederatedDataset, build_dataset
 from raysim.errors import ScenarioError
-from raysim.metrics import ParquetLog
+from raysim.metrics import OutputDir, ParquetLog
 from raysim.models import FlatModel, build_model
 from raysim.system import SystemModel
 
@@ -43,17 +41,20 @@ class Prepared:
 
     dataset: FederatedDataset
     model: FlatModel
+    output: OutputDir
 
 
 def prepare(cfg) -> Prepared:
-    """Everything that can fail on bad input, before any runtime starts: data set, model, system model."""
+    """Everything that can fail on bad input, before any runtime starts: data set, model, system
+    model, output directory."""
     dataset = build_dataset(cfg.data, cfg.seed)
     k = cfg.execution.clients_per_round
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,
                             f"an integer in [1, {dataset.num_clients}] (the data set's number of clients)")
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
-    return Prepared(dataset, build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed))
+    model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
+    return Prepared(dataset, model, OutputDir.open(cfg.output.dir))
 
 
 def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float | None = None) -> dict:
@@ -67,14 +68,13 @@ def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float |
     produced so far are written.
     """
     began = time.perf_counter() if began is None else began
-    out = Path(cfg.output.dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scenario.yaml").write_text(to_yaml(cfg))
+    out = prepared.output
+    out.write_text("scenario.yaml", to_yaml(cfg))
     scenario = OmegaConf.to_container(cfg, resolve=True)
     prepared.dataset = runtime.load(scenario, prepared.dataset)
     scheduler = runtime.scheduler(scenario, prepared.dataset)
-    rounds_log = ParquetLog(str(out / "rounds.parquet"), ROUNDS_SCHEMA, cfg.output.flush_seconds)
-    events_log = ParquetLog(str(out / "events.parquet"), EVENTS_SCHEMA, cfg.output.flush_seconds)
+    rounds_log = ParquetLog(out, "rounds.parquet", ROUNDS_SCHEMA, cfg.output.flush_seconds)
+    events_log = ParquetLog(out, "events.parquet", EVENTS_SCHEMA, cfg.output.flush_seconds)
     statuses: dict = {}
     rows: list = []
     try:
@@ -99,7 +99,7 @@ def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float |
         rounds_log.close()
         events_log.close()
     if cfg.output.save_model:
-        torch.save(prepared.model.state_dict(final["params"]), out / "model.pt")
+        out.save_torch("model.pt", prepared.model.state_dict(final["params"]))
     last = report["last_eval"]
     summary = {
         "name": cfg.name, "seed": cfg.seed, "backend": cfg.runtime.backend, "mode": cfg.execution.mode,
@@ -112,7 +112,7 @@ def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float |
         "steady_updates_per_second": _steady_rate(rows),
         "system": final["system"], "actors": runtime.describe(),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    out.write_text("summary.json", json.dumps(summary, indent=2, default=float) + "\n")
     return summary
 
 

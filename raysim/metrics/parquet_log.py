@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 
@@ -15,9 +15,11 @@ class ParquetLog:
     rewrite grows with the rows — and on :meth:`close`, so a reader never sees a partial
     file and an interrupted run keeps what was flushed."""
 
-    def __init__(self, path: str, schema: pa.Schema, flush_seconds: float = 2.0):
-        """``schema`` types the known columns; other columns are typed from their first values."""
-        self.path, self.schema, self.flush_seconds = path, schema, flush_seconds
+    def __init__(self, output, name: str, schema: pa.Schema, flush_seconds: float = 2.0):
+        """A file ``name`` in ``output`` (an OutputDir); ``schema`` types the known columns,
+        other columns are typed from their first values."""
+        self.fs, self.path = output.fs, output.path(name)
+        self.schema, self.flush_seconds = schema, flush_seconds
         self._batches: list[pa.RecordBatch] = []
         self._pending = 0
         self._last_flush = time.monotonic()
@@ -38,12 +40,12 @@ class ParquetLog:
 
     def flush(self) -> None:
         """Rewrite the file with every row so far."""
-        if self._pending == 0 and os.path.exists(self.path):
+        if self._pending == 0 and self.fs.get_file_info(self.path).type != pafs.FileType.NotFound:
             return
         began = time.monotonic()
         tmp = f"{self.path}.tmp"
-        pq.write_table(pa.Table.from_batches(self._batches, schema=self.schema), tmp)
-        os.replace(tmp, self.path)
+        pq.write_table(pa.Table.from_batches(self._batches, schema=self.schema), tmp, filesystem=self.fs)
+        self.fs.move(tmp, self.path)
         self._pending, self._last_flush = 0, time.monotonic()
         self._flush_cost = self._last_flush - began
 
