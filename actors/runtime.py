@@ -11,6 +11,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.jobs import job_address
 from raysim.errors import ScenarioError
 
 
@@ -111,14 +112,15 @@ class RayRuntime:
         from raysim.data import FederatedDataset
 
         cfg = self.cfg
+        address = cfg.address or job_address()  # inside a Ray job: that job's cluster
         if not ray.is_initialized():
-            if cfg.address is None:
+            if address is None:
                 cpus, gpus = embedded_resources(cfg)
                 plan_actors(cfg, [(cpus, gpus)])  # bad input fails before Ray starts
                 ray.init(num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False,
                          logging_level=logging.WARNING)
             else:
-                ray.init(address=cfg.address, logging_level=logging.WARNING)
+                ray.init(address=address, logging_level=logging.WARNING)
             self._owns_ray = True
         nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n["Alive"]]
         self.num_actors = plan_actors(cfg, nodes)
@@ -139,7 +141,7 @@ class RayRuntime:
         from raysim.engine.scheduler import Scheduler
 
         where = self.cfg.scheduler
-        if where == "driver" or (where == "auto" and self.cfg.address is None):
+        if where == "driver" or (where == "auto" and self.cfg.address is None and job_address() is None):
             return Scheduler(scenario, dataset.table, ActorPool(self.actors, self.nodes))
         self._scheduler = SchedulerActor.remote(scenario, self._table, ActorPool(self.actors, self.nodes))
         return RemoteScheduler(self._scheduler)

@@ -6,11 +6,16 @@
 #   cluster/local_cluster.sh status   ray status of this cluster
 #   cluster/local_cluster.sh down     ray stop --force (stops EVERY Ray process on this machine)
 #
-# Every node is a separate `ray start` (its own raylet, object store and resources) and all of
-# them advertise and bind to 127.0.0.1: nothing is reachable from other machines. This is what
+# Every node is a separate `ray start` (its own raylet, object store and resources), as
 # ray.cluster_utils.Cluster does inside one Python process: the nodes share the host, so each
 # worker node gets its own dashboard-agent port, grpc ports are picked at random, worker
 # processes get random ports and only the head runs a log monitor.
+#
+# Network: every node is started with --node-ip-address 127.0.0.1 and the dashboard / job server
+# listens on 127.0.0.1 only. On Linux, however, Ray replaces a loopback --node-ip-address with the
+# machine's own address and its GCS, raylets and agents listen on all interfaces; so the cluster
+# uses token authentication (below), and on an untrusted network a firewall should close the
+# ports it opens. Clients can still use 127.0.0.1:RAY_PORT.
 #
 # GPUs are logical: --num-gpus declares them whether or not the machine has any, so
 # runtime.gpus_per_actor=0.25 places four ClientActors per logical GPU (they train on the CPU
@@ -59,6 +64,18 @@ require_ray() {
     fi
 }
 
+# Token authentication (Ray releases that have `ray get-auth-token`): `ray start --head` turns it
+# on by itself when ~/.ray/auth_token exists (any earlier ray.init() on this machine creates
+# one), but worker nodes and clients given an explicit address only use it when RAY_AUTH_MODE
+# says so. Set it for every node here; clients need the same export (printed by `up`).
+# RAY_AUTH_MODE=disabled in the environment turns authentication off instead.
+setup_auth() {
+    if [[ ${RAY_AUTH_MODE:-token} == token ]] && ray get-auth-token --help >/dev/null 2>&1; then
+        export RAY_AUTH_MODE=token
+        ray get-auth-token --generate >/dev/null  # creates ~/.ray/auth_token if missing
+    fi
+}
+
 # Options every node gets: loopback only, its own resources, random ports where nodes could clash.
 common_opts() {
     local cpus=$1 gpus=$2
@@ -80,6 +97,7 @@ cmd_up() {
         exit 2
     fi
     require_ray
+    setup_auth
     mkdir -p "$RAY_TEMP_DIR"
 
     local -a opts
@@ -106,6 +124,9 @@ cmd_up() {
 
     echo
     echo "Ray cluster up: 1 head + $workers worker node(s) on $HOST"
+    if [[ ${RAY_AUTH_MODE:-} == token ]]; then
+        echo "  token authentication is on: run 'export RAY_AUTH_MODE=token' in the shell that runs raysim or ray job"
+    fi
     echo "  raysim:     raysim run scenarios/quickstart.yaml runtime.address=$HOST:$RAY_PORT"
     echo "  override:   runtime.address=$HOST:$RAY_PORT"
     echo "  job server: http://$HOST:$DASHBOARD_PORT   (ray job submit --address http://$HOST:$DASHBOARD_PORT ...)"
@@ -114,6 +135,7 @@ cmd_up() {
 
 cmd_status() {
     require_ray
+    setup_auth
     ray status --address "$HOST:$RAY_PORT"
 }
 

@@ -105,6 +105,21 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_submit(args) -> int:
+    from raysim.config import load_scenario
+
+    load_scenario(args.scenario, args.overrides)  # bad input fails before anything is submitted
+    from actors.jobs import submit
+
+    return submit(args.address, args.scenario, args.overrides, args.follow, not args.no_wait, args.pip)
+
+
+def cmd_jobs(args) -> int:
+    from actors.jobs import list_or_stop
+
+    return list_or_stop(args.address, args.stop)
+
+
 def cmd_report(args) -> int:
     from raysim.metrics.report import time_to_accuracy_table, write_report
 
@@ -135,6 +150,19 @@ def parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_validate)
     lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms and every scenario key")
     lst.set_defaults(func=cmd_list)
+    sbm = sub.add_parser("submit", help="run a scenario as a Ray job on a cluster (Job Submission SDK)")
+    sbm.add_argument("scenario", help="scenario YAML file inside this repository (it travels with the job)")
+    sbm.add_argument("overrides", nargs="*", help="key=value overrides")
+    sbm.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
+    sbm.add_argument("--follow", action="store_true", help="stream the job's logs")
+    sbm.add_argument("--no-wait", action="store_true", help="return once submitted (the job id is printed)")
+    sbm.add_argument("--pip", action="store_true", help="also install raysim's Python dependencies in the job "
+                                                         "(for cluster images that lack them)")
+    sbm.set_defaults(func=cmd_submit)
+    jbs = sub.add_parser("jobs", help="list the cluster's jobs, or stop one")
+    jbs.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
+    jbs.add_argument("--stop", metavar="JOB_ID", help="stop this job")
+    jbs.set_defaults(func=cmd_jobs)
     rep = sub.add_parser("report", help="PNG plots of one or more runs (accuracy vs virtual and wall time, "
                                        "staleness, participation, task timeline)")
     rep.add_argument("runs", nargs="+", help="run directories (output.dir of earlier runs)")
@@ -165,6 +193,9 @@ def main(argv=None) -> int:
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     except KeyboardInterrupt:
         print("interrupted: metrics written so far are kept", file=sys.stderr)
         return EXIT_INTERRUPTED

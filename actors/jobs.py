@@ -1,0 +1,128 @@
+"""`raysim submit` and `raysim jobs`: runs as Ray jobs through Ray's Job Submission SDK.
+
+The job ships ``raysim/``, ``actors/`` and ``scenarios/`` as its working_dir and runs
+``python -m raysim.cli run SCENARIO key=value … --quiet`` on the cluster (the working_dir is
+on the job's ``sys.path``; the package need not be installed there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from raysim.errors import RunError, ScenarioError
+
+REPO = Path(__file__).resolve().parents[1]
+EXCLUDES = [".git", ".gl", ".whl", "results", "docs", "tests", "*.egg-info", "__pycache__", "*.pyc"]
+# What the job's Python needs beyond Ray itself when the cluster's image lacks it (``--pip``).
+PIP = ["omegaconf>=2.3", "pyarrow>=14", "tqdm>=4.60", "scikit-learn>=1.3", "matplotlib>=3.7", "psutil>=5.9"]
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def client(address: str):
+    """A JobSubmissionClient for ``address``; ScenarioError naming --address if unreachable.
+
+    A cluster started by ``ray start`` requires Ray's authentication token: when this
+    machine has one (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)
+    and ``RAY_AUTH_MODE`` is not set, it is sent."""
+    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token"))
+    if "RAY_AUTH_MODE" not in os.environ and ("RAY_AUTH_TOKEN" in os.environ or os.path.exists(token_file)):
+        os.environ["RAY_AUTH_MODE"] = "token"
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except Exception as exc:  # ConnectionError, ValueError for a bad URL, …
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScenarioError("--address", address, f"a reachable Ray job server, e.g. http://HEAD:8265 ({first})") from None
+
+
+def entrypoint(scenario: str, overrides: list) -> str:
+    """The job's command line; the scenario must lie inside the repository (it travels with it)."""
+    path = Path(scenario).resolve()
+    try:
+        relative = path.relative_to(REPO)
+    except ValueError:
+        raise ScenarioError("scenario", scenario, f"a file under {REPO} (the working_dir that travels "
+                            "with the job), e.g. scenarios/…") from None
+    return " ".join(["python -m raysim.cli run", shlex.quote(str(relative)), *map(shlex.quote, overrides), "--quiet"])
+
+
+def submit(address: str, scenario: str, overrides: list, follow: bool, wait: bool, pip: bool) -> int:
+    """Submit a run; print the job id at once; optionally stream its logs; return its exit status."""
+    jobs = client(address)
+    logging.getLogger("ray").setLevel(logging.WARNING)  # no INFO lines about packaging the working_dir
+    runtime_env = {"working_dir": str(REPO), "excludes": EXCLUDES}
+    if pip:
+        runtime_env["pip"] = PIP
+    job_id = _submit_with_retries(jobs, entrypoint=entrypoint(scenario, overrides), runtime_env=runtime_env,
+                                  metadata={"raysim_scenario": scenario})
+    print(f"submitted job {job_id} to {address}", flush=True)
+    if not wait:
+        return 0
+    try:
+        if follow:
+            asyncio.run(_stream(jobs, job_id))
+        status = _wait(jobs, job_id)
+    except KeyboardInterrupt:
+        print(f"job {job_id} keeps running; stop it with: raysim jobs --address {address} --stop {job_id}",
+              file=sys.stderr)
+        return 130
+    if status != "SUCCEEDED":
+        raise RunError(f"job {job_id} {status}: {_reason(jobs, job_id)} (logs: ray job logs --address {address} {job_id})")
+    print(f"job {job_id} SUCCEEDED")
+    return 0
+
+
+def _submit_with_retries(jobs, tries: int = 20, **job) -> str:
+    """submit_job, retried while a freshly started head's job agent is not up yet."""
+    for attempt in range(tries):
+        try:
+            return jobs.submit_job(**job)
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or attempt == tries - 1:
+                raise RunError(f"the job server refused the job: {str(exc).strip().splitlines()[0]}") from None
+            time.sleep(1.0)
+
+
+def _reason(jobs, job_id: str) -> str:
+    """The job's own one-line error (raysim prints 'error: …'), else the end of Ray's message."""
+    lines = [line.strip() for line in (jobs.get_job_info(job_id).message or "").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["no message"])[-1]
+
+
+async def _stream(jobs, job_id: str) -> None:
+    async for lines in jobs.tail_job_logs(job_id):
+        print(lines, end="", flush=True)
+
+
+def _wait(jobs, job_id: str) -> str:
+    while True:
+        status = str(jobs.get_job_status(job_id).value)
+        if status in TERMINAL:
+            return status
+        time.sleep(0.5)
+
+
+def list_or_stop(address: str, stop: str | None) -> int:
+    """Print the cluster's jobs, or stop one."""
+    jobs = client(address)
+    if stop is not None:
+        stopped = jobs.stop_job(stop)
+        print(f"job {stop}: {'stop requested' if stopped else 'was not running'}")
+        return 0
+    for job in sorted(jobs.list_jobs(), key=lambda j: j.start_time or 0):
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((job.start_time or 0) / 1000))
+        print(f"{job.submission_id or job.job_id}  {str(job.status.value):9s}  {started}  {job.entrypoint}")
+    return 0
+
+
+def job_address() -> str | None:
+    """The cluster a Ray job's driver belongs to (set by Ray inside jobs), else None."""
+    return os.environ.get("RAY_ADDRESS")

@@ -1,0 +1,82 @@
+"""`raysim submit` / `raysim jobs` against a real Ray head started with `ray start --head`,
+bound to 127.0.0.1 (its job server on a free local port)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+pytest.importorskip("ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A Ray head in its own temp dir; only its processes are stopped afterwards."""
+    temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must stay short
+    port, dashboard = _free_port(), _free_port()
+    cmd = ["ray", "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+           "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+           f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+           f"--metrics-export-port={_free_port()}", f"--temp-dir={temp}", "--disable-usage-stats"]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=180)
+        yield f"http://127.0.0.1:{dashboard}"
+    finally:  # always shut the head down, also when a test fails
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(temp in part for part in proc.info["cmdline"] or []):
+                    proc.kill()
+            except psutil.Error:
+                continue
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _raysim(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_ADDRESS": ""})
+
+
+def test_submit_runs_the_job_and_writes_results(head, tmp_path):
+    out = tmp_path / "job"
+    proc = _raysim("submit", "scenarios/quickstart.yaml", "execution.rounds=2", "eval.personalized_steps=0",
+                   f"output.dir={out}", "--address", head, "--follow")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("submitted job ") and lines[-1].endswith("SUCCEEDED")
+    job_id = lines[0].split()[2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["backend"] == "ray"
+    assert (out / "rounds.parquet").exists() and (out / "events.parquet").exists()
+    listing = _raysim("jobs", "--address", head)
+    assert listing.returncode == 0 and job_id in listing.stdout and "SUCCEEDED" in listing.stdout
+
+
+def test_a_failing_job_is_a_clear_error(head, tmp_path):
+    proc = _raysim("submit", "scenarios/quickstart.yaml", "algorithm.lr=1e30", f"output.dir={tmp_path}/bad",
+                   "--address", head)
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("submitted job ")  # the id is printed before anything else happens
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: job ")
+    assert "FAILED: error: round 1: client" in proc.stderr and "diverged" in proc.stderr
+
+
+def test_bad_input_is_refused_before_submitting(head):
+    proc = _raysim("submit", "scenarios/quickstart.yaml", "data.kind=nope", "--address", head)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: data.kind = 'nope'") and not proc.stdout
+    proc = _raysim("submit", "scenarios/quickstart.yaml", "--address", "http://127.0.0.1:1")
+    assert proc.returncode == 2 and "error: --address = 'http://127.0.0.1:1'" in proc.stderr
