@@ -80,3 +80,16 @@ def test_bad_input_is_refused_before_submitting(head):
     assert proc.returncode == 2 and proc.stderr.startswith("error: data.kind = 'nope'") and not proc.stdout
     proc = _raysim("submit", "scenarios/quickstart.yaml", "--address", "http://127.0.0.1:1")
     assert proc.returncode == 2 and "error: --address = 'http://127.0.0.1:1'" in proc.stderr
+
+
+def test_plain_ray_job_submit_works_too(head, tmp_path):
+    """The README's plain-Ray path: `ray job submit --working-dir . -- python -m raysim.cli run …`."""
+    out = tmp_path / "plain"
+    proc = subprocess.run(["ray", "job", "submit", "--address", head, "--working-dir", ".", "--",
+                           "python", "-m", "raysim.cli", "run", "scenarios/quickstart.yaml", "execution.rounds=1",
+                           "eval.personalized_steps=0", f"output.dir={out}", "--quiet"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "succeeded" in proc.stdout.lower()
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 1
