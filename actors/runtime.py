@@ -39,7 +39,8 @@ def plan_actors(runtime_cfg, nodes: list) -> int:
     if gpa > 0:
         where += f", {gpus:g} GPUs at runtime.gpus_per_actor={gpa:g}"
     if fits < 1:
-        key, value = ("runtime.gpus_per_actor", gpa) if gpa > 0 and gpus < gpa else ("runtime.cpus_per_actor", cpa)
+        gpu_short = gpa > 0 and all(g + 1e-9 < gpa for _, g in nodes)
+        key, value = ("runtime.gpus_per_actor", gpa) if gpu_short else ("runtime.cpus_per_actor", cpa)
         raise ScenarioError(key, value, f"a share that fits the cluster ({where})")
     wanted = runtime_cfg.num_actors
     if wanted == "auto":

@@ -60,3 +60,20 @@ def test_actors_on_both_nodes_with_fractional_gpus_and_identical_results(two_nod
     reference = run_scenario(single, prepare(single), LocalRuntime())
     assert summary["model_sha256"] == reference["model_sha256"]
     assert summary["final_test_accuracy"] == reference["final_test_accuracy"]
+
+
+def test_auto_actor_count_fills_every_node():
+    from omegaconf import OmegaConf
+
+    from actors.runtime import plan_actors
+    from raysim.config import RuntimeConfig
+    from raysim.errors import ScenarioError
+
+    quarter = OmegaConf.structured(RuntimeConfig(gpus_per_actor=0.25, cpus_per_actor=0.5))
+    assert plan_actors(quarter, [(8.0, 2.0), (8.0, 2.0)]) == 16  # 2 nodes x 2 GPUs at 0.25
+    assert plan_actors(quarter, [(1.0, 2.0), (8.0, 2.0), (4.0, 0.0)]) == 2 + 8  # CPUs bound the first node
+    one_gpu = OmegaConf.structured(RuntimeConfig(gpus_per_actor=1.0, num_actors=3))
+    with pytest.raises(ScenarioError, match=r"runtime.num_actors = 3: expected at most 2 actors"):
+        plan_actors(one_gpu, [(4.0, 1.0), (4.0, 1.0)])
+    with pytest.raises(ScenarioError, match=r"runtime.gpus_per_actor = 2.0: expected a share that fits"):
+        plan_actors(OmegaConf.structured(RuntimeConfig(gpus_per_actor=2.0)), [(4.0, 1.0), (4.0, 1.0)])
