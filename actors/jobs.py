@@ -19,7 +19,8 @@ from raysim.errors import RunError, ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]
 EXCLUDES = [".git", ".gl", ".whl", "results", "docs", "tests", "*.egg-info", "__pycache__", "*.pyc"]
-# What the job's Python needs beyond Ray itself when the cluster's image lacks it (``--pip``).
+# What the job's Python needs beyond Ray and torch (a pip runtime environment, unless ``--no-pip``:
+# Ray builds it on top of the node's own packages, so what is there already is not installed again).
 PIP = ["omegaconf>=2.3", "pyarrow>=14", "tqdm>=4.60", "scikit-learn>=1.3", "matplotlib>=3.7", "psutil>=5.9"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 

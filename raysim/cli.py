@@ -111,7 +111,7 @@ def cmd_submit(args) -> int:
     load_scenario(args.scenario, args.overrides)  # bad input fails before anything is submitted
     from actors.jobs import submit
 
-    return submit(args.address, args.scenario, args.overrides, args.follow, not args.no_wait, args.pip)
+    return submit(args.address, args.scenario, args.overrides, args.follow, not args.no_wait, not args.no_pip)
 
 
 def cmd_jobs(args) -> int:
@@ -156,8 +156,8 @@ def parser() -> argparse.ArgumentParser:
     sbm.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
     sbm.add_argument("--follow", action="store_true", help="stream the job's logs")
     sbm.add_argument("--no-wait", action="store_true", help="return once submitted (the job id is printed)")
-    sbm.add_argument("--pip", action="store_true", help="also install raysim's Python dependencies in the job "
-                                                         "(for cluster images that lack them)")
+    sbm.add_argument("--no-pip", action="store_true", help="do not ship raysim's Python dependencies as the job's "
+                                                            "pip runtime environment (the cluster has them)")
     sbm.set_defaults(func=cmd_submit)
     jbs = sub.add_parser("jobs", help="list the cluster's jobs, or stop one")
     jbs.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")

@@ -23,9 +23,9 @@ MB = 1024 * 1024
 
 
 def _steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
-    """(updates/s, seconds per server step) over every step but the first (warm-up)."""
-    rounds = round_seconds[1:] or round_seconds
-    per_round = sum(rounds) / len(rounds)
+    """(updates/s, seconds per round) from the median round after the first (warm-up): the
+    median keeps a hiccup of a shared machine from moving a 5-round figure."""
+    per_round = statistics.median(round_seconds[1:] or round_seconds)
     return clients_per_round / per_round, per_round
 
 
