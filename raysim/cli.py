@@ -58,13 +58,10 @@ def cmd_run(args) -> int:
     try:
         summary = run_scenario(cfg, prepared, runtime, progress=bar, began=began)
     except RunError as exc:
-        summary = exc
+        raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
     finally:
         bar.close()
         runtime.close()
-    if isinstance(summary, RunError):
-        print(f"error: {summary}\nmetrics written so far are in {cfg.output.dir}", file=sys.stderr)
-        return EXIT_RUN_FAILED
     if not args.quiet:
         acc = summary["final_test_accuracy"]
         print(f"{cfg.name}: {summary['rounds']} rounds, {summary['client_updates']} client updates, "
@@ -78,7 +75,7 @@ def cmd_validate(args) -> int:
     from raysim.engine.simulation import prepare
 
     cfg = load_scenario(args.scenario, args.overrides)
-    prepared = prepare(cfg)
+    prepared = prepare(cfg, create_output=False)
     dataset, model = prepared.dataset, prepared.model
     print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "

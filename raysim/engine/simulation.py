@@ -44,9 +44,9 @@ class Prepared:
     output: OutputDir
 
 
-def prepare(cfg) -> Prepared:
+def prepare(cfg, create_output: bool = True) -> Prepared:
     """Everything that can fail on bad input, before any runtime starts: data set, model, system
-    model, output directory."""
+    model, output directory (created unless ``create_output`` is false)."""
     dataset = build_dataset(cfg.data, cfg.seed)
     k = cfg.execution.clients_per_round
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
@@ -54,7 +54,7 @@ def prepare(cfg) -> Prepared:
                             f"an integer in [1, {dataset.num_clients}] (the data set's number of clients)")
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
     model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
-    return Prepared(dataset, model, OutputDir.open(cfg.output.dir))
+    return Prepared(dataset, model, OutputDir.open(cfg.output.dir, create=create_output))
 
 
 def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float | None = None) -> dict:

@@ -14,19 +14,20 @@ from raysim.errors import ScenarioError
 class OutputDir:
     """A directory ``root`` on filesystem ``fs``; files are written whole (text, bytes, Parquet)."""
 
-    def __init__(self, fs: pafs.FileSystem, root: str):
+    def __init__(self, fs: pafs.FileSystem, root: str, create: bool = True):
         self.fs, self.root = fs, root.rstrip("/")
-        self.fs.create_dir(self.root, recursive=True)
+        if create:
+            self.fs.create_dir(self.root, recursive=True)
 
     @staticmethod
-    def open(location: str) -> "OutputDir":
-        """The directory at ``location`` (``output.dir``), created if missing."""
+    def open(location: str, create: bool = True) -> "OutputDir":
+        """The directory at ``location`` (``output.dir``), created if missing (and ``create``)."""
         try:
             if "://" in location:
                 fs, root = pafs.FileSystem.from_uri(location)
             else:
                 fs, root = pafs.LocalFileSystem(), os.path.abspath(location)
-            return OutputDir(fs, root)
+            return OutputDir(fs, root, create)
         except (OSError, ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ScenarioError("output.dir", location, "a writable local path or a URI that pyarrow.fs "
