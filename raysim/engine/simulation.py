@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from raysim.config import to_yaml
 from raysim.data import FederatedDataset, build_dataset
+from raysim.engine.runtime import Runtime
 from raysim.errors import ScenarioError
 from raysim.metrics import OutputDir, ParquetLog
 from raysim.models import FlatModel, build_model
@@ -57,7 +58,7 @@ def prepare(cfg, create_output: bool = True) -> Prepared:
     return Prepared(dataset, model, OutputDir.open(cfg.output.dir, create=create_output))
 
 
-def run_scenario(cfg, prepared: Prepared, runtime, progress=None, began: float | None = None) -> dict:
+def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began: float | None = None) -> dict:
     """Run a validated scenario on ``runtime``; returns the summary (also saved as summary.json).
 
     The runtime takes over the data set (on Ray it moves to the object store and the

@@ -51,6 +51,3 @@ class OutputDir:
         buffer = io.BytesIO()
         torch.save(obj, buffer)
         self.write_bytes(name, buffer.getvalue())
-
-    def __str__(self) -> str:
-        return self.root
