@@ -33,13 +33,15 @@ class ProgressBar:
         total = ex.rounds if self.sync else ex.max_updates
         self.bar = tqdm(total=total, unit="round" if self.sync else "update", disable=not enabled,
                         dynamic_ncols=True)
-        self.began = time.perf_counter()
+        self.last = (time.perf_counter(), 0)
 
     def __call__(self, report: dict):
         done = report["version"] if self.sync else report["applied"]
         self.bar.update(done - self.bar.n)
         acc = report["last_eval"]["test_accuracy"]
-        rate = report["applied"] / max(time.perf_counter() - self.began, 1e-9)
+        now, applied = time.perf_counter(), report["applied"]
+        rate = (applied - self.last[1]) / max(now - self.last[0], 1e-9)  # since the previous report
+        self.last = (now, applied)
         self.bar.set_postfix({"acc": "-" if acc != acc else f"{acc:.4f}", "upd/s": f"{rate:.0f}"})
 
     def close(self):
