@@ -207,6 +207,18 @@ def test_availability_trace(tmp_path, suffix):
     assert m.describe()["available_share"] == 0.75
 
 
+def assert_trace_rejected(num_clients, kind_key, path, key, allowed, texts):
+    """A bad trace file fails the same way when loaded by SystemModel and by validate_system."""
+    overrides = (f"{kind_key}=trace", f"{key.removeprefix('system.')}={path}")
+    for build in (lambda: model(num_clients, *overrides),
+                  lambda: validate_system(system_cfg(*overrides), num_clients)):
+        with pytest.raises(ScenarioError) as info:
+            build()
+        message = str(info.value)
+        assert message.startswith(f"{key} = ") and allowed in message
+        assert all(text in message for text in texts), message
+
+
 def test_availability_trace_errors(tmp_path):
     cases = [
         ({"client_id": [0], "start": [0.0]}, ["column 'end' is missing"]),
@@ -217,13 +229,7 @@ def test_availability_trace_errors(tmp_path):
     ]
     for i, (columns, texts) in enumerate(cases):
         path = write_table(tmp_path, f"bad{i}.parquet", columns)
-        for build in (lambda: model(4, "availability.kind=trace", f"availability.path={path}"),
-                      lambda: validate_system(system_cfg("availability.kind=trace", f"availability.path={path}"), 4)):
-            with pytest.raises(ScenarioError) as info:
-                build()
-            message = str(info.value)
-            assert message.startswith("system.availability.path = ") and "client_id, start, end" in message
-            assert all(text in message for text in texts), message
+        assert_trace_rejected(4, "availability.kind", path, "system.availability.path", "client_id, start, end", texts)
 
 
 # ---------------------------------------------------------------------------- compute traces
@@ -248,13 +254,7 @@ def test_compute_trace(tmp_path, suffix):
 ])
 def test_compute_trace_errors(tmp_path, columns, texts):
     path = write_table(tmp_path, "speed.csv", columns)
-    for build in (lambda: model(3, "compute.kind=trace", f"compute.path={path}"),
-                  lambda: validate_system(system_cfg("compute.kind=trace", f"compute.path={path}"), 3)):
-        with pytest.raises(ScenarioError) as info:
-            build()
-        message = str(info.value)
-        assert message.startswith("system.compute.path = ") and "a file with columns client_id, speed" in message
-        assert all(text in message for text in texts), message
+    assert_trace_rejected(3, "compute.kind", path, "system.compute.path", "a file with columns client_id, speed", texts)
     validate_system(system_cfg("compute.kind=trace", f"compute.path={path}"), None)  # contents: checked on load
 
 

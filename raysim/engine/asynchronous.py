@@ -156,8 +156,7 @@ class AsyncDriver:
         s.payload_handle()
         for i, c in enumerate(clients):
             failed = bool(timing.failed[i])
-            end = timing.fail_at_s[i] if failed else timing.duration_s[i]
-            event = Event(s.clock + float(end), int(c), counter, InFlight(s.version, s.clock, failed))
+            event = Event(s.clock + float(timing.known_at_s[i]), int(c), counter, InFlight(s.version, s.clock, failed))
             self.queue.push(event)
             if not failed:
                 self.unsent.append(event)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SAMPLING, TRAIN, PERSONALIZE = 0, 1, 2
+TRAIN, PERSONALIZE = 1, 2  # (0 was client sampling, now the system model's own stream)
 
 
 def stream(seed: int, kind: int, *ids: int) -> np.random.Generator:

@@ -56,8 +56,8 @@ class SyncDriver:
         clients = s.sample(math.ceil(ex.over_selection * k))
         counter = s.counter
         timing = s.timing(clients, np.full(len(clients), counter))
-        kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s, clients, k,
-                                            ex.deadline)
+        kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s,
+                                                     clients, k, ex.deadline)
         handles = s.payload_handle()
         version = s.version
         updates = None
@@ -96,11 +96,10 @@ class SyncDriver:
             pos = np.searchsorted(clients, updates.client_ids)
             loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
         status = np.select([kept, late, dropped], [kept_status, "late", "dropped"], "failed")
-        end = np.where(timing.failed, timing.fail_at_s, timing.duration_s)
         s.log_events({
             "round": np.full(n, version + 1), "client_id": clients, "actor": actor,
             "samples": s.train_sizes[clients], "train_loss": loss, "compute_seconds": compute,
-            "virtual_start": np.full(n, start), "virtual_end": start + end,
+            "virtual_start": np.full(n, start), "virtual_end": start + timing.known_at_s,
             "model_version": np.full(n, version), "staleness": np.zeros(n, dtype=np.int64), "status": status,
         })
 

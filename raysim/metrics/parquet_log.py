@@ -52,7 +52,3 @@ class ParquetLog:
     def close(self) -> None:
         """Flush what is left."""
         self.flush()
-
-    @property
-    def num_rows(self) -> int:
-        return sum(b.num_rows for b in self._batches)
