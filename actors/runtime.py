@@ -110,7 +110,7 @@ class RayRuntime:
 
     def load(self, scenario: dict, dataset):
         from actors.client_actor import ClientActor
-        from raysim.data import FederatedDataset
+        from raysim.data import open_dataset
 
         cfg = self.cfg
         address = cfg.address or job_address()  # inside a Ray job: that job's cluster
@@ -133,7 +133,7 @@ class RayRuntime:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=i),
         ).remote(scenario, self._table, i) for i in range(self.num_actors)]
         self.nodes = [info["node"] for info in self.describe()]
-        return FederatedDataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
+        return open_dataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
     def scheduler(self, scenario: dict, dataset):
         """The SchedulerActor — or, with ``runtime.scheduler: driver`` (``auto`` with an embedded

@@ -38,8 +38,14 @@ class PartitionConfig:
 class DataConfig:
     """The federated data set."""
 
-    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | parquet
+    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | parquet | quadratic
     num_clients: int = 100
+    n: int = 10000  # quadratic: rows of each client's matrices
+    d_theta: int = 100  # quadratic: size of the global part θ
+    d_w: int = 50  # quadratic: size of the personal part w
+    realizable: bool = False  # quadratic: targets b_m, y_m from a planted (θ, w_m) (Assumption 2 holds)
+    feature_shift: bool = False  # digits: per-client pixel gain, offset and one-pixel translation
+    concept_shift: bool = False  # digits: per-client permutation of the labels
     alpha: float = 1.0  # leaf_synthetic: model heterogeneity (variance)
     beta: float = 1.0  # leaf_synthetic: data heterogeneity (variance)
     test_fraction: float = 0.2  # share of each client's rows held out for testing
@@ -55,10 +61,15 @@ class DataConfig:
 class ModelConfig:
     """The model trained by every client (deterministic init from ``seed``)."""
 
-    kind: str = "mlp"  # logreg | mlp | cnn
+    kind: str = "mlp"  # logreg | mlp | cnn | quadratic
     hidden: List[int] = field(default_factory=lambda: [64])  # mlp hidden sizes
     activation: str = "relu"  # mlp: relu | elu | tanh | sigmoid
     channels: List[int] = field(default_factory=lambda: [16, 32])  # cnn conv channels
+    personal: Any = "none"  # none | input_layer | output_layer | adapter | [parameter-name patterns]
+    adapter_rank: int = 4  # adapter: rank of each LoRA pair
+    adapter_layers: Optional[List[str]] = None  # adapter: Linear module names (null: all but the output layer)
+    personal_init: str = "random"  # random | zero | global: w at each client visit
+    personal_state: str = "stateless"  # stateless | stateful (w kept per client between visits)
 
 
 @dataclass
@@ -72,6 +83,16 @@ class AlgorithmConfig:
     local_steps: Optional[int] = None  # if set, a fixed number of steps replaces epochs
     weight_decay: float = 0.0
     server_lr: float = 1.0
+    server_optimizer: str = "sgd"  # sgd | adam (FedAdam)
+    server_betas: List[float] = field(default_factory=lambda: [0.9, 0.99])  # adam
+    server_eps: float = 1e-3  # adam
+    lr_unit: str = "absolute"  # absolute | inverse_smoothness (quadratic: lr, server_lr times 1/L constants)
+    personal_lr: Optional[float] = None  # γ_w of the personal part (null: algorithm.lr)
+    finetuner: str = "sgd"  # FFGG: sgd | cg | exact (cg, exact: quadratic data)
+    penalty: float = 0.1  # l2gd: λ
+    average_prob: Optional[float] = None  # l2gd: p (null: 1 / local_steps)
+    pretrain_rounds: int = 0  # local_ffgg: FedAvg rounds on the whole model first
+    pretrain_lr: Optional[float] = None  # local_ffgg: client lr of those rounds (null: algorithm.lr)
 
 
 @dataclass
@@ -126,6 +147,7 @@ class EvalConfig:
     every: int = 1  # rounds between evaluations; 0: only at the end
     personalized_steps: int = 0  # >0: fine-tune this many local steps before testing
     personalized_lr: Optional[float] = None  # null: algorithm.lr
+    personalized_epochs: int = 0  # >0: fine-tune this many local epochs instead of steps
 
 
 @dataclass
@@ -264,6 +286,7 @@ def validate(cfg: DictConfig) -> None:
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
     from raysim.models import ACTIVATIONS, MODELS
+    from raysim.models.split import check_init
     from raysim.system import validate_system
 
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
@@ -293,8 +316,22 @@ def validate(cfg: DictConfig) -> None:
         _check(len(d.image_shape) in (2, 3) and all(s > 0 for s in d.image_shape), "data.image_shape",
                list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
 
+    if d.kind == "quadratic":
+        for key in ("n", "d_theta", "d_w"):
+            _positive(f"data.{key}", d[key], integer=True)
+
     m = cfg.model
     _one_of("model.kind", m.kind, MODELS)
+    _check((m.kind == "quadratic") == (d.kind == "quadratic"), "model.kind", m.kind,
+           "quadratic with data.kind=quadratic" if d.kind == "quadratic"
+           else "a model for row data (not quadratic, which needs data.kind=quadratic)")
+    personal = m.personal if isinstance(m.personal, str) else OmegaConf.to_container(m.personal)
+    _check(personal in SPLITS or (isinstance(personal, list) and personal and all(isinstance(x, str) for x in personal)),
+           "model.personal", personal, "one of " + ", ".join(SPLITS) + ", or a list of parameter-name patterns")
+    _positive("model.adapter_rank", m.adapter_rank, integer=True)
+    _one_of("model.personal_init", m.personal_init, ["global", "random", "zero"])
+    _one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
+    check_init(personal, m.personal_init)
     _check(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
     _one_of("model.activation", m.activation, ACTIVATIONS)
     _check(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
@@ -309,6 +346,7 @@ def validate(cfg: DictConfig) -> None:
         _positive("algorithm.local_steps", a.local_steps, integer=True)
     _non_negative("algorithm.weight_decay", a.weight_decay)
     _positive("algorithm.server_lr", a.server_lr)
+    _validate_personalised(cfg)
 
     e = cfg.execution
     _one_of("execution.mode", e.mode, ["async", "sync"])
@@ -368,11 +406,66 @@ def validate(cfg: DictConfig) -> None:
     v = cfg.eval
     _non_negative("eval.every", v.every)
     _non_negative("eval.personalized_steps", v.personalized_steps)
+    _non_negative("eval.personalized_epochs", v.personalized_epochs)
     if v.personalized_lr is not None:
         _positive("eval.personalized_lr", v.personalized_lr)
 
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)
+
+
+SPLITS = ("none", "input_layer", "output_layer", "adapter")
+QUADRATIC_ALGORITHMS = ("ffgg", "l2gd", "local_ffgg", "localgd", "scaffold")
+
+
+def _validate_personalised(cfg: DictConfig) -> None:
+    """The keys of partially personalised training and of the quadratic problem's algorithms."""
+    a, d, e, m = cfg.algorithm, cfg.data, cfg.execution, cfg.model
+    _one_of("algorithm.server_optimizer", a.server_optimizer, ["adam", "sgd"])
+    _check(len(a.server_betas) == 2 and all(0 <= b < 1 for b in a.server_betas), "algorithm.server_betas",
+           list(a.server_betas), "two numbers in [0, 1)")
+    _positive("algorithm.server_eps", a.server_eps)
+    _one_of("algorithm.lr_unit", a.lr_unit, ["absolute", "inverse_smoothness"])
+    _one_of("algorithm.finetuner", a.finetuner, ["cg", "exact", "sgd"])
+    if a.personal_lr is not None:
+        _positive("algorithm.personal_lr", a.personal_lr)
+    _positive("algorithm.penalty", a.penalty)
+    if a.average_prob is not None:
+        _check(0 < a.average_prob < 1, "algorithm.average_prob", a.average_prob, "a probability in (0, 1)")
+    _check(a.pretrain_rounds >= 0, "algorithm.pretrain_rounds", a.pretrain_rounds, "an integer >= 0")
+    if a.pretrain_lr is not None:
+        _positive("algorithm.pretrain_lr", a.pretrain_lr)
+    quadratic = d.kind == "quadratic"
+    if a.lr_unit == "inverse_smoothness":
+        _check(quadratic, "algorithm.lr_unit", a.lr_unit, "absolute unless data.kind=quadratic (whose "
+               "smoothness constants are known)")
+    if a.finetuner in ("cg", "exact"):
+        _check(quadratic, "algorithm.finetuner", a.finetuner, "sgd unless data.kind=quadratic")
+    if quadratic:
+        _one_of("algorithm.name", a.name, QUADRATIC_ALGORITHMS)
+        steps_free = (a.name == "ffgg" and a.finetuner == "exact") or (a.name == "l2gd" and a.average_prob is not None)
+        _check(a.local_steps is not None or steps_free, "algorithm.local_steps", None,
+               f"a positive integer for algorithm.name={a.name} on data.kind=quadratic (its clients have no rows "
+               "to make epochs of)")
+        _check(a.pretrain_rounds == 0, "algorithm.pretrain_rounds", a.pretrain_rounds,
+               "0 with data.kind=quadratic (FedAvg pre-training needs rows)")
+    if a.name in ("ffgg", "local_ffgg"):
+        personal = m.personal if isinstance(m.personal, str) else list(m.personal)
+        if quadratic:
+            _check(personal == ["w"], "model.personal", personal, "[w] for algorithm.name="
+                   f"{a.name} on data.kind=quadratic (w is that problem's personal part)")
+        else:
+            _check(personal != "none", "model.personal", personal, f"a split with personal parameters for "
+                   f"algorithm.name={a.name}: input_layer, output_layer, adapter or name patterns")
+    if a.pretrain_rounds:
+        _check(a.name == "local_ffgg", "algorithm.pretrain_rounds", a.pretrain_rounds, "0 unless algorithm.name=local_ffgg")
+        _check(e.mode == "sync", "algorithm.pretrain_rounds", a.pretrain_rounds, "0 in execution.mode=async")
+        _check(a.pretrain_rounds < e.rounds, "algorithm.pretrain_rounds", a.pretrain_rounds,
+               f"fewer than execution.rounds={e.rounds} (they are part of them)")
+    if a.name == "l2gd":
+        _check(e.mode == "sync", "execution.mode", e.mode, "sync for algorithm.name=l2gd")
+        _check(e.clients_per_round == d.num_clients, "execution.clients_per_round", e.clients_per_round,
+               f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
 
 
 def scenario_object(container: dict) -> Scenario:

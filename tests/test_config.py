@@ -74,7 +74,7 @@ def test_cli_bad_input_has_no_traceback_in_a_real_process():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of digits, gaussian_mixture, "
-                                   "leaf_synthetic, parquet")
+                                   "leaf_synthetic, parquet, quadratic")
 
 
 def test_list_shows_names_and_keys(capsys):

@@ -26,7 +26,7 @@ def part_cfg(kind="iid", **kw):
 def data_cfg(kind, **kw):
     base = dict(kind=kind, num_clients=4, alpha=1.0, beta=1.0, test_fraction=0.2,
                 partition=part_cfg(), path=None, label_column="label", client_column="client_id",
-                feature_columns=None, image_shape=None)
+                feature_columns=None, image_shape=None, feature_shift=False, concept_shift=False)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -183,11 +183,11 @@ def test_digits_and_build_dataset():
                               "partition": vars(part_cfg())})
     assert build_dataset(omega, seed=2).table.equals(gaussian_mixture(3, 2).table)
     assert build_dataset(data_cfg("leaf_synthetic", num_clients=2), seed=0).num_clients == 2
-    assert set(DATASETS) == {"digits", "gaussian_mixture", "leaf_synthetic", "parquet"}
+    assert set(DATASETS) == {"digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic"}
     with pytest.raises(ScenarioError) as excinfo:
         build_dataset(data_cfg("mnist"), seed=0)
     assert str(excinfo.value) == ("data.kind = 'mnist': expected one of digits, gaussian_mixture, "
-                                  "leaf_synthetic, parquet")
+                                  "leaf_synthetic, parquet, quadratic")
     with pytest.raises(ScenarioError, match=r"^data\.num_clients = 0"):
         build_dataset(data_cfg("gaussian_mixture", num_clients=0), seed=0)
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from raysim.algorithms import ClientContext, make_algorithm
+from raysim.algorithms import ClientContext
+from raysim.algorithms.fedavg import FedAvg
 from raysim.algorithms.local_sgd import batch_schedule, local_sgd
 from raysim.config import AlgorithmConfig, ModelConfig
 from raysim.data import FederatedDataset
@@ -45,7 +46,7 @@ def tiny():
 def test_fedavg_one_full_batch_step_matches_hand_computation(tiny, server_lr):
     ds, model, (x0, y0), (x1, y1) = tiny
     cfg = OmegaConf.structured(AlgorithmConfig(lr=0.5, batch_size=8, local_epochs=1, server_lr=server_lr))
-    algo = make_algorithm(cfg)
+    algo = FedAvg(cfg)
     theta = model.initial_vector()
     W, b = theta[:4].numpy().reshape(2, 2).astype(np.float64), theta[4:].numpy().astype(np.float64)
     state = algo.init(theta)

@@ -59,6 +59,14 @@ MODES = {
                               "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=10"],
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
                              "execution.concurrency=12", "execution.max_updates=40", "eval.every=3"],
+    "async_ffgg": STRAGGLERS + ["data.kind=quadratic", "data.n=60", "data.d_theta=6", "data.d_w=3",
+                                "data.realizable=true", "model.kind=quadratic", "model.personal=[w]",
+                                "algorithm.name=ffgg", "algorithm.finetuner=cg", "algorithm.local_steps=2",
+                                "algorithm.lr_unit=inverse_smoothness", "algorithm.server_lr=0.5",
+                                "execution.mode=async", "execution.concurrency=12", "execution.max_updates=40"],
+    "scaffold_stateful": ["data.kind=quadratic", "data.n=60", "data.d_theta=6", "data.d_w=3", "model.kind=quadratic",
+                          "algorithm.name=scaffold", "algorithm.local_steps=3", "algorithm.lr_unit=inverse_smoothness",
+                          "execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3"],
 }
 
 

@@ -11,6 +11,13 @@ FedJAX's ``FederatedAlgorithm`` and optax's ``GradientTransformation``):
     aggregate(state, updates, weights) -> new server state from updates weighted by ``weights``
                                          (a round's sample weights, or staleness weights in async)
     global_params(state)              -> the flat parameters to evaluate and save
+    client_models(state, client_state) -> per-client models when the algorithm keeps them (L2GD)
+
+Stateful algorithms (``stateful = True``: SCAFFOLD's control variates, L2GD's local
+models, FFGG with ``model.personal_state: stateful``) return each client's new state as
+``updates.tensors["state"]``; the scheduler keeps it and hands it back, as ``ctx.states``,
+the next time that client runs. Server state may carry diagnostics (``grad_norm_sq``: an
+estimate of ‖F(θ)‖²) that the scheduler logs.
 
 Every random draw of client work comes from ``ctx.rngs`` (one stream per client
 and task), so results do not depend on where or with whom a client ran.
@@ -42,6 +49,8 @@ class ClientContext:
     participation: np.ndarray | None = None  # [C] δ_k of unreliable clients (None: always compute)
     local_steps: np.ndarray | None = None  # [C] heterogeneous E_k (> 0 overrides the algorithm's)
     noise: tuple | None = None  # (kind, scale): perturbation of local gradients
+    problem: object = None  # a QuadraticProblem: clients are its rows of sufficient statistics
+    states: list | None = None  # [C] each client's kept state (a tensor, or None on a first visit)
 
     def schedule(self, cfg, steps=None):
         """This task's minibatch schedule under the algorithm config ``cfg`` and the system model."""
@@ -107,10 +116,17 @@ class Personalized:
 
 
 class Algorithm:
-    """Base class: holds the algorithm's config; subclasses implement the interface."""
+    """Base class: holds the algorithm's config, the model's config and FlatModel (for the
+    parameter split); subclasses implement the interface. ``problem`` is the QuadraticProblem of
+    quadratic scenarios (its smoothness constants set step sizes with ``algorithm.lr_unit``),
+    ``num_clients`` the number of registered clients and ``seed`` the scenario's seed."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    stateful = False
+    personalised = False  # partially personalised (FFGG): clients use their own fine-tuned w
+
+    def __init__(self, cfg, model_cfg=None, model=None, problem=None, num_clients: int = 0, seed: int = 0):
+        self.cfg, self.model_cfg, self.model = cfg, model_cfg, model
+        self.problem, self.num_clients, self.seed = problem, num_clients, seed
 
     def init(self, params: torch.Tensor) -> dict:
         raise NotImplementedError
@@ -127,20 +143,44 @@ class Algorithm:
     def global_params(self, state: dict) -> torch.Tensor:
         return state["params"]
 
-    def personalize(self, payloads: list, ctx: ClientContext, steps: int, lr: float) -> Personalized:
-        """Fine-tune the whole model ``steps`` SGD steps on each client, then test it there."""
+    def unit(self, constant: str) -> float:
+        """The step-size unit: 1, or 1/``constant`` (a smoothness constant of the quadratic problem:
+        L, L_w or L_f) with ``algorithm.lr_unit: inverse_smoothness``."""
+        if self.cfg.lr_unit == "absolute":
+            return 1.0
+        return 1.0 / self.problem.smoothness()[constant]
+
+    def client_models(self, state: dict, client_state: dict):
+        """[M, P] per-client models for evaluation, or None when every client uses the global one."""
+        return None
+
+    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float) -> Personalized:
+        """Fine-tune the whole model (``steps`` SGD steps, or ``epochs`` local epochs when > 0) on
+        each client, then test it there."""
         start = stack_params(payloads, ctx.device)
-        sched = batch_schedule(ctx.offsets[:, 0], ctx.train_sizes, ctx.rngs, self.cfg.batch_size, 1, steps)
-        params, _ = local_sgd(ctx.model, start, ctx.features, ctx.labels, sched, lr, self.cfg.weight_decay)
-        loss_sum, correct, rows = [], [], []
-        with torch.no_grad():
-            for p, (_, lo, hi) in zip(params, ctx.offsets):
-                logits = ctx.model.logits(p, ctx.features[lo:hi])
-                y = ctx.labels[lo:hi]
-                loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())
-                correct.append(int((logits.argmax(1) == y).sum()))
-                rows.append(int(hi - lo))
-        return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
+        return finetune_and_test(ctx, self._finetune_schedule(ctx, steps, epochs), start, lr,
+                                 self.cfg.weight_decay)
+
+    def _finetune_schedule(self, ctx: ClientContext, steps: int, epochs: int):
+        return batch_schedule(ctx.offsets[:, 0], ctx.train_sizes, ctx.rngs, self.cfg.batch_size,
+                              epochs, None if epochs > 0 else steps)
+
+
+def finetune_and_test(ctx: ClientContext, schedule, start: torch.Tensor, lr: float, weight_decay: float,
+                      update_mask: torch.Tensor | None = None) -> Personalized:
+    """Run ``schedule`` of SGD from ``start`` ([C, P]; only ``update_mask`` entries move), then
+    test each client's model on its own test rows."""
+    params, _ = local_sgd(ctx.model, start, ctx.features, ctx.labels, schedule, lr, weight_decay,
+                          update_mask=update_mask)
+    loss_sum, correct, rows = [], [], []
+    with torch.no_grad():
+        for p, (_, lo, hi) in zip(params, ctx.offsets):
+            logits = ctx.model.logits(p, ctx.features[lo:hi])
+            y = ctx.labels[lo:hi]
+            loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())
+            correct.append(int((logits.argmax(1) == y).sum()))
+            rows.append(int(hi - lo))
+    return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
 
 
 def stack_params(payloads: list, device) -> torch.Tensor:

@@ -80,9 +80,17 @@ def per_client_loss(forward, params: torch.Tensor, x: torch.Tensor, y: torch.Ten
     return (losses * mask).sum(1) / mask.sum(1).clamp_min(1.0)
 
 
+def client_forward(model: FlatModel, num_clients: int):
+    """``forward(params [C, P], x [C, B, ...]) -> logits [C, B, K]``: vmapped over clients (a lone
+    client skips vmap's overhead)."""
+    return vmap(model.logits) if num_clients > 1 else (lambda p, x: model.logits(p[0], x[0])[None])
+
+
 def local_sgd(model: FlatModel, start: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
-              schedule: BatchSchedule, lr: float, weight_decay: float = 0.0, noise=None):
+              schedule: BatchSchedule, lr: float, weight_decay: float = 0.0, noise=None,
+              update_mask: torch.Tensor | None = None):
     """Run every client's SGD steps; ``start`` is [C, P]. Returns (final [C, P], mean loss [C]).
+    With ``update_mask`` ([P] bool) only those entries move (e.g. fine-tuning the personal part).
 
     The forward pass is vmapped over clients (a lone client skips vmap's overhead);
     one backward pass of the summed per-client losses gives every client's own
@@ -90,7 +98,7 @@ def local_sgd(model: FlatModel, start: torch.Tensor, features: torch.Tensor, lab
     Gaussian or Laplace perturbations to every local gradient, drawn from each
     client's own generator ([SO] perturbed SGD).
     """
-    forward = vmap(model.logits) if start.shape[0] > 1 else (lambda p, x: model.logits(p[0], x[0])[None])
+    forward = client_forward(model, start.shape[0])
     device = start.device
     rows, mask, scale = schedule.rows.to(device), schedule.mask.to(device), schedule.scale.to(device)
     params = start.detach().clone()
@@ -104,6 +112,8 @@ def local_sgd(model: FlatModel, start: torch.Tensor, features: torch.Tensor, lab
                 grads = grads + weight_decay * params
             if noise is not None:
                 grads = grads + _perturbation(noise, params.shape).to(device)
+            if update_mask is not None:
+                grads = grads * update_mask.to(device)
             params = params - (lr * scale[s])[:, None] * grads
             loss_sum += (loss * (mask[s].sum(1) > 0)).double()
     steps = torch.as_tensor(schedule.steps, dtype=torch.float64, device=device)

@@ -6,22 +6,34 @@ from raysim.data.federated import FederatedDataset
 from raysim.data.generators import digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
+from raysim.data.quadratic import QuadraticProblem, generate_quadratic
 from raysim.errors import ScenarioError
 
-__all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "build_dataset", "digits",
-           "gaussian_mixture", "leaf_synthetic", "load_parquet", "partition"]
+__all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "QuadraticProblem", "build_dataset", "digits",
+           "gaussian_mixture", "generate_quadratic", "leaf_synthetic", "load_parquet", "open_dataset",
+           "partition"]
 
 DATASETS: dict[str, str] = {
-    "digits": "scikit-learn 8x8 digits split over clients (keys: num_clients, test_fraction, partition.*)",
+    "digits": "scikit-learn 8x8 digits split over clients (keys: num_clients, test_fraction, partition.*, "
+              "feature_shift, concept_shift)",
     "gaussian_mixture": "10-class Gaussian mixture with per-client shift and label skew, "
                         "10 test rows per client (keys: num_clients)",
     "leaf_synthetic": "LEAF/FedProx Synthetic(alpha, beta) (keys: num_clients, alpha, beta, test_fraction)",
     "parquet": "rows of a Parquet file or directory; the file decides the clients "
                "(keys: path, label_column, client_column, feature_columns, image_shape, test_fraction)",
+    "quadratic": "the FFGG paper's partially personalised quadratic, f_m = ½‖H_mθ − b_m‖² + ½‖A_mθ + B_mw − y_m‖² "
+                 "(keys: num_clients, n, d_theta, d_w, realizable; use model.kind=quadratic)",
 }
 
 
-def build_dataset(data_cfg, seed: int) -> FederatedDataset:
+def open_dataset(table):
+    """The data set an Arrow table holds: a QuadraticProblem (schema kind 'quadratic') or a
+    FederatedDataset."""
+    meta = table.schema.metadata or {}
+    return QuadraticProblem.from_table(table) if meta.get(b"kind") == b"quadratic" else FederatedDataset(table)
+
+
+def build_dataset(data_cfg, seed: int):
     """Build the dataset that ``data_cfg.kind`` names (see ``DATASETS``) with ``seed``.
 
     ``num_clients`` is the number of clients to generate or split into, except for ``parquet``,
@@ -35,7 +47,11 @@ def build_dataset(data_cfg, seed: int) -> FederatedDataset:
         return leaf_synthetic(data_cfg.num_clients, data_cfg.alpha, data_cfg.beta, seed,
                               data_cfg.test_fraction)
     if kind == "digits":
-        return digits(data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed)
+        return digits(data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed,
+                      feature_shift=data_cfg.feature_shift, concept_shift=data_cfg.concept_shift)
+    if kind == "quadratic":
+        return generate_quadratic(data_cfg.num_clients, data_cfg.n, data_cfg.d_theta, data_cfg.d_w, seed,
+                                  realizable=data_cfg.realizable)
     if kind == "parquet":
         feature_columns, image_shape = data_cfg.feature_columns, data_cfg.image_shape
         return load_parquet(data_cfg.path, data_cfg.label_column, data_cfg.client_column,

@@ -89,17 +89,68 @@ def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
                                         test_sizes, _CLASSES, (_DIM,))
 
 
-def digits(num_clients: int, partition_cfg, test_fraction: float, seed: int) -> FederatedDataset:
+def _digits_writer_style(seed: int, k: int) -> tuple[float, float, int, int]:
+    """Client ``k``'s feature shift: gain ``g ~ U[0.6, 1.4]``, offset ``o ~ U[-0.2, 0.2]`` and a
+    translation ``dy, dx`` each uniform in ``{-1, 0, 1}``, drawn in that order from
+    ``default_rng([seed, 11, k])``."""
+    rng = np.random.default_rng([seed, 11, k])
+    gain = float(rng.uniform(0.6, 1.4))
+    offset = float(rng.uniform(-0.2, 0.2))
+    dy, dx = (int(v) for v in rng.integers(-1, 2, size=2))
+    return gain, offset, dy, dx
+
+
+def _digits_writer_labels(seed: int, k: int) -> np.ndarray:
+    """Client ``k``'s concept shift: a permutation ``pi`` of the 10 labels (``y' = pi[y]``),
+    ``default_rng([seed, 12, k]).permutation(10)``."""
+    return np.random.default_rng([seed, 12, k]).permutation(10)
+
+
+def _translate(images: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """Move ``[n, H, W]`` images by ``dy`` rows and ``dx`` columns (``out[r, c] = in[r - dy, c - dx]``),
+    filling the vacated border with 0 instead of wrapping around."""
+    out = np.zeros_like(images)
+    h, w = images.shape[1:]
+    out[:, max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+        images[:, max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)]
+    return out
+
+
+def _apply_writer_style(x: np.ndarray, seed: int, k: int) -> np.ndarray:
+    """``g * translate(x, dy, dx) + o`` on client ``k``'s flattened 8x8 images, as float32."""
+    gain, offset, dy, dx = _digits_writer_style(seed, k)
+    moved = _translate(x.reshape(-1, 8, 8), dy, dx).reshape(x.shape)
+    return (gain * moved.astype(np.float64) + offset).astype(np.float32)
+
+
+def digits(num_clients: int, partition_cfg, test_fraction: float, seed: int, *,
+           feature_shift: bool = False, concept_shift: bool = False) -> FederatedDataset:
     """scikit-learn's 8x8 digits (1797 images, pixels scaled to [0, 1]) split by ``partition_cfg``.
 
     Features have shape ``(1, 8, 8)``; see ``raysim.data.partition.partition`` for the config.
+    The optional per-client ("writer") shifts are applied after partitioning, to the train and
+    test rows of each client alike, so the split itself does not change:
+
+    - ``feature_shift``: client ``k``'s scaled images become ``g * translate(x, dy, dx) + o``
+      (see ``_digits_writer_style``; the translation zero-fills the vacated border).
+    - ``concept_shift``: client ``k``'s labels become ``pi_k[y]`` (see ``_digits_writer_labels``).
     """
     from sklearn.datasets import load_digits
 
+    for key, value in (("data.feature_shift", feature_shift), ("data.concept_shift", concept_shift)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ScenarioError(key, value, "true or false")
     bunch = load_digits()
     x = (bunch.data / 16.0).astype(np.float32)
     y = bunch.target.astype(np.int64)
     train, test = partition(y, num_clients, partition_cfg, test_fraction, seed)
-    return FederatedDataset.from_clients([x[i] for i in train], [y[i] for i in train],
-                                         [x[i] for i in test], [y[i] for i in test],
-                                         10, (1, 8, 8))
+    train_x, train_y = [x[i] for i in train], [y[i] for i in train]
+    test_x, test_y = [x[i] for i in test], [y[i] for i in test]
+    for k in range(len(train)):
+        if feature_shift:
+            train_x[k] = _apply_writer_style(train_x[k], seed, k)
+            test_x[k] = _apply_writer_style(test_x[k], seed, k)
+        if concept_shift:
+            pi = _digits_writer_labels(seed, k)
+            train_y[k], test_y[k] = pi[train_y[k]], pi[test_y[k]]
+    return FederatedDataset.from_clients(train_x, train_y, test_x, test_y, 10, (1, 8, 8))

@@ -103,6 +103,7 @@ class AsyncDriver:
                 f"update {s.applied + 1} (virtual time {s.clock:g}): client {event.client_id} diverged "
                 f"(train_loss={update.train_loss[0]}, non-finite update); "
                 f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
+        s.keep_states(update)
         self.buffer.append((update, staleness_weight(self.ex.staleness, staleness)))
         s.applied += 1
         self._log(event, update, "applied", staleness)
@@ -174,7 +175,7 @@ class AsyncDriver:
             group = self.unsent[first:first + size]
             versions = tuple(e.data.version for e in group)
             task = Task("train", tuple(e.client_id for e in group), tuple(e.counter for e in group), versions)
-            pending = s.runtime.submit(self.next_actor, s.handles(set(versions)), [task])
+            pending = s.runtime.submit(self.next_actor, s.handles(set(versions)), s.with_states([task]))
             self.next_actor = (self.next_actor + 1) % s.runtime.num_actors
             self.calls[self.next_call] = Call(pending, len(group))
             for index, event in enumerate(group):

@@ -1,4 +1,5 @@
-"""Global evaluation of the server model over every client's test rows (on the driver)."""
+"""Evaluation on the scheduler: the server model over every client's test rows, or the exact
+metrics of a quadratic problem."""
 
 from __future__ import annotations
 
@@ -37,3 +38,25 @@ class GlobalEvaluator:
         with torch_threads(self.threads):
             loss, correct = evaluate_rows(self.model, params, self.features, self.labels)
         return loss / self.num_rows, correct / self.num_rows
+
+
+class QuadraticEvaluator:
+    """Exact metrics of a quadratic problem (FFGG paper, §3): relative error to the closed-form
+    θ*, ‖F(θ)‖², and the mean personalised loss gap over clients."""
+
+    def __init__(self, problem, personalised: bool, initial: torch.Tensor):
+        self.problem, self.d_theta, self.personalised = problem, problem.d_theta, personalised
+        self.theta0 = initial[:self.d_theta].double()
+        self.ids = np.arange(problem.num_clients)
+
+    def __call__(self, params: torch.Tensor, client_models: torch.Tensor | None) -> dict:
+        """``params``: the global model [θ, w]; ``client_models``: [M, P] per-client models (L2GD)
+        or None. A partially personalised algorithm (FFGG) is judged with each client's best
+        response w_m*(θ); a shared model with its own w."""
+        rows = params.double().expand(len(self.ids), -1) if client_models is None else client_models.double()
+        theta_rows = rows[:, :self.d_theta]
+        w = self.problem.best_w(self.ids, theta_rows) if self.personalised else rows[:, self.d_theta:]
+        theta = theta_rows.mean(0)
+        return {"rel_error": self.problem.rel_error(theta, self.theta0),
+                "grad_norm_sq": self.problem.grad_norm_sq(theta),
+                "loss_gap": self.problem.loss_gap(theta_rows, w)}

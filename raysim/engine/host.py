@@ -13,7 +13,7 @@ import torch
 from raysim.config import scenario_object
 
 from raysim.algorithms import ClientContext, make_algorithm
-from raysim.data import FederatedDataset
+from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine import rng
 from raysim.models import build_model
 from raysim.system import SystemModel
@@ -23,12 +23,14 @@ from raysim.system import SystemModel
 class Task:
     """Work for a group of clients, run together (vectorized): ``op`` is 'train' or 'personalize';
     per client, ``counters`` numbers its dispatch (the round in synchronous mode) and seeds its
-    RNG, and ``versions`` names the payload (model version) it starts from."""
+    RNG, and ``versions`` names the payload (model version) it starts from. ``states`` holds
+    each client's kept state for stateful algorithms (None: a first visit)."""
 
     op: str
     client_ids: tuple
     counters: tuple
     versions: tuple
+    states: tuple | None = None
 
 
 @contextmanager
@@ -49,17 +51,21 @@ class ClientHost:
     def __init__(self, scenario: dict, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
         cfg = scenario_object(scenario)
         self.cfg, self.actor_index, self.device = cfg, actor_index, torch.device(device)
-        self.dataset = FederatedDataset(table)
+        self.dataset = open_dataset(table)
+        self.problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
         self.offsets = self.dataset.offsets()
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes,
                                  cfg.seed).to(self.device)
-        self.algorithm = make_algorithm(cfg.algorithm)
+        self.algorithm = make_algorithm(cfg, self.model, self.problem, self.dataset.num_clients)
         profile = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed).profile
         unreliable = cfg.system.unreliable
         self.participation = profile["participation"] if (profile["participation"] < 1).any() else None
         self.local_steps = profile["local_steps"] if (profile["local_steps"] > 0).any() else None
         self.noise = None if unreliable.gradient_noise == "none" else (unreliable.gradient_noise,
                                                                        unreliable.noise_scale)
+        if self.problem is not None:  # clients are rows of sufficient statistics, not of samples
+            self.features = self.labels = None
+            return
         with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
             warnings.simplefilter("ignore", UserWarning)
             features = torch.from_numpy(self.dataset.features())
@@ -78,11 +84,12 @@ class ClientHost:
         kind = rng.TRAIN if task.op == "train" else rng.PERSONALIZE
         ctx = ClientContext(ids, [rng.stream(self.cfg.seed, kind, int(c), n) for c, n in zip(ids, task.counters)],
                             self.model, self.features, self.labels, self.offsets[ids], self.device,
-                            *self._unreliable(ids, task.op))
+                            *self._unreliable(ids, task.op), problem=self.problem,
+                            states=None if task.states is None else list(task.states))
         if task.op == "personalize":
-            ev = self.cfg.eval
-            return self.algorithm.personalize(payloads, ctx, ev.personalized_steps,
-                                              ev.personalized_lr or self.cfg.algorithm.lr)
+            ev, a = self.cfg.eval, self.cfg.algorithm
+            return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,
+                                              ev.personalized_lr or a.personal_lr or a.lr)
         began = time.perf_counter()
         out = self.algorithm.client_update(payloads, ctx)
         wall = time.perf_counter() - began

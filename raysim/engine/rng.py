@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-TRAIN, PERSONALIZE = 1, 2  # (0 was client sampling, now the system model's own stream)
+TRAIN, PERSONALIZE, L2GD_COINS = 1, 2, 3  # (0 was client sampling, now the system model's own stream)
 
 
 def stream(seed: int, kind: int, *ids: int) -> np.random.Generator:

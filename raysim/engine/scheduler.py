@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
-from raysim.data import FederatedDataset
+from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
-from raysim.engine.evaluation import GlobalEvaluator
+from raysim.engine.evaluation import GlobalEvaluator, QuadraticEvaluator
 from raysim.engine.sync import SyncDriver
 from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
@@ -35,15 +36,21 @@ class Scheduler:
     def __init__(self, scenario: dict, table: pa.Table, runtime):
         cfg = self.cfg = scenario_object(scenario)
         self.runtime = runtime
-        self.dataset = FederatedDataset(table)
+        self.dataset = open_dataset(table)
+        problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
         offsets = self.dataset.offsets()
         self.train_sizes = offsets[:, 1] - offsets[:, 0]
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
-        self.algorithm = make_algorithm(cfg.algorithm)
+        self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
-        self.evaluator = GlobalEvaluator(self.model, self.dataset, cfg.runtime.torch_threads)
+        initial = self.model.initial_vector()
+        self.evaluator = None if problem is not None else GlobalEvaluator(self.model, self.dataset,
+                                                                          cfg.runtime.torch_threads)
+        self.quadratic = None if problem is None else QuadraticEvaluator(problem, self.algorithm.personalised,
+                                                                                 initial)
         self.task_size = clients_per_task(cfg)
-        self.state = self.algorithm.init(self.model.initial_vector())
+        self.state = self.algorithm.init(initial)
+        self.client_state: dict = {}  # client id -> kept state of a stateful algorithm
         self.version = 0  # server model version: increases with every server step
         self.clock = 0.0  # virtual seconds
         self.counter = 0  # dispatches so far: seeds each task's RNG together with the client id
@@ -128,6 +135,19 @@ class Scheduler:
         raise NoClientAvailable(f"at virtual time {self.clock:g}: no client available after 1000 tries "
                                 "(check system.availability)")
 
+    def with_states(self, tasks: list) -> list:
+        """Tasks carrying each client's kept state (stateful algorithms only)."""
+        if not self.algorithm.stateful:
+            return tasks
+        return [replace(t, states=tuple(self.client_state.get(c) for c in t.client_ids)) for t in tasks]
+
+    def keep_states(self, updates) -> None:
+        """Store the new client states that ``updates`` carry (and take them out of the updates)."""
+        states = updates.tensors.pop("state", None)
+        if states is not None:
+            for c, row in zip(updates.client_ids.tolist(), states):
+                self.client_state[c] = row.clone()
+
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``)."""
         if self.cfg.system.unreliable.weights == "uniform":
@@ -143,17 +163,18 @@ class Scheduler:
         """Evaluate the global model when ``step`` is an evaluation step (or ``final``)."""
         every = self.cfg.eval.every
         row = {"test_loss": math.nan, "test_accuracy": math.nan, "personalized_accuracy": math.nan}
-        if final or (every > 0 and step % every == 0):
+        if (final or (every > 0 and step % every == 0)) and self.evaluator is not None:
             row["test_loss"], row["test_accuracy"] = self.evaluator(self.algorithm.global_params(self.state))
             row["personalized_accuracy"] = self._personalized_accuracy()
             self.last_eval.update(row)
         return row
 
     def _personalized_accuracy(self) -> float:
-        if self.cfg.eval.personalized_steps == 0:
+        if self.cfg.eval.personalized_steps == 0 and self.cfg.eval.personalized_epochs == 0:
             return math.nan
         clients = np.arange(self.dataset.num_clients)
-        tasks = make_tasks("personalize", clients, self.train_sizes, 0, self.task_size, self.version)
+        tasks = self.with_states(make_tasks("personalize", clients, self.train_sizes, 0, self.task_size,
+                                            self.version))
         results = run_tasks(self.runtime, self.payload_handle(), tasks, self.train_sizes)
         rows = sum(int(p.test_rows.sum()) for p in results)
         return sum(int(p.test_correct.sum()) for p in results) / rows if rows else math.nan
@@ -167,8 +188,20 @@ class Scheduler:
             "train_loss": loss, **eval_row, "clients": clients, "samples": samples,
             "updates_per_second": clients / round_wall if round_wall > 0 else math.nan,
             **{k: counts.get(k, 0) for k in ("late", "dropped", "failed", "stale")},
+            **self._diagnostics(),
         }
         self._rounds.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
+
+    def _diagnostics(self) -> dict:
+        """rel_error, grad_norm_sq and loss_gap of the current server state: exact for quadratic
+        problems; otherwise the algorithm's own ‖F(θ)‖² estimate, if it keeps one."""
+        estimate = self.state.get("grad_norm_sq")
+        row = {"rel_error": math.nan, "grad_norm_sq": math.nan if estimate is None else float(estimate),
+               "loss_gap": math.nan}
+        if self.quadratic is not None:
+            row.update(self.quadratic(self.algorithm.global_params(self.state),
+                                      self.algorithm.client_models(self.state, self.client_state)))
+        return row
 
     def log_events(self, rows: dict) -> None:
         """Event rows (columns) for client tasks that ended (:meth:`advance` adds the clients'

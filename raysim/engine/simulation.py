@@ -13,7 +13,7 @@ import pyarrow as pa
 from omegaconf import OmegaConf
 
 from raysim.config import to_yaml
-from raysim.data import FederatedDataset, build_dataset
+from raysim.data import FederatedDataset, QuadraticProblem, build_dataset
 from raysim.engine.runtime import Runtime
 from raysim.errors import ScenarioError
 from raysim.metrics import OutputDir, ParquetLog
@@ -26,6 +26,7 @@ ROUNDS_SCHEMA = pa.schema([
     ("personalized_accuracy", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
     ("updates_per_second", pa.float64()), ("late", pa.int64()), ("dropped", pa.int64()),
     ("failed", pa.int64()), ("stale", pa.int64()),
+    ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
 ])
 EVENTS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
@@ -40,7 +41,7 @@ ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the
 class Prepared:
     """What a run needs before any runtime starts."""
 
-    dataset: FederatedDataset
+    dataset: FederatedDataset | QuadraticProblem
     model: FlatModel
     output: OutputDir
 

@@ -63,7 +63,7 @@ class SyncDriver:
         updates = None
         start = s.clock
         if kept.any():
-            tasks = make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version)
+            tasks = s.with_states(make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version))
             updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes))
             diverged = updates.first_nonfinite()
             if diverged is not None:
@@ -73,6 +73,7 @@ class SyncDriver:
                     f"round {version + 1}: client {updates.client_ids[diverged]} diverged "
                     f"(train_loss={updates.train_loss[diverged]}, non-finite update); "
                     f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
+            s.keep_states(updates)
             s.state = s.algorithm.aggregate(s.state, updates, s.aggregation_weights(updates))
             s.applied += len(updates.client_ids)
         s.clock += duration

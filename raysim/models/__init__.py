@@ -1,4 +1,6 @@
-"""Model zoo: ``logreg``, ``mlp`` and a small ``cnn``, built deterministically from the seed."""
+"""Model zoo: ``logreg``, ``mlp``, a small ``cnn`` and the ``quadratic`` model (θ, w), built
+deterministically from the seed, with the split of parameters into global θ and personal w
+(``model.personal``, see :mod:`raysim.models.split`)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ from torch import nn
 
 from raysim.errors import ScenarioError
 from raysim.models.flat import FlatModel
+from raysim.models.split import add_adapters, personal_mask
 
 MODELS = {
     "logreg": "multinomial logistic regression (one Linear layer)",
     "mlp": "fully connected net; keys model.hidden (sizes), model.activation",
     "cnn": "small conv net for image data (digits, or parquet with data.image_shape); key model.channels",
+    "quadratic": "the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
+                 "model.personal=[w]",
 }
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
@@ -21,15 +26,35 @@ ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Si
 __all__ = ["ACTIVATIONS", "MODELS", "FlatModel", "build_model"]
 
 
+class QuadraticModel(nn.Module):
+    """Parameters of the quadratic problem: global ``theta`` [d_θ] and personal ``w`` [d_w], float64
+    (the problem is solved to 1e-8 relative error); evaluated by the problem, not by ``forward``."""
+
+    def __init__(self, d_theta: int, d_w: int):
+        super().__init__()
+        self.theta = nn.Parameter(torch.zeros(d_theta, dtype=torch.float64))
+        self.w = nn.Parameter(torch.zeros(d_w, dtype=torch.float64))
+
+
 def build_model(model_cfg, feature_shape: tuple, num_classes: int, seed: int) -> FlatModel:
-    """Build the scenario's model with parameters drawn from ``seed`` (global RNG untouched)."""
+    """Build the scenario's model with parameters drawn from ``seed`` (global RNG untouched),
+    LoRA adapters added for ``model.personal: adapter``, and its personal mask set."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = _module(model_cfg, tuple(feature_shape), num_classes)
-    return FlatModel(module)
+        if model_cfg.personal == "adapter":
+            module = add_adapters(module, model_cfg.adapter_rank, model_cfg.adapter_layers)
+    personal = model_cfg.personal
+    return FlatModel(module, personal_mask(module, personal if isinstance(personal, str) else list(personal)))
 
 
 def _module(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
+    if cfg.kind == "quadratic":
+        if num_classes != 0:
+            raise ScenarioError("model.kind", "quadratic", "data.kind=quadratic (the model of that problem)")
+        return QuadraticModel(*feature_shape)
+    if num_classes == 0:
+        raise ScenarioError("model.kind", cfg.kind, "quadratic with data.kind=quadratic")
     num_features = math.prod(feature_shape)
     if cfg.kind == "logreg":
         return nn.Sequential(nn.Flatten(), nn.Linear(num_features, num_classes))

@@ -10,20 +10,24 @@ from torch.func import functional_call
 
 
 class FlatModel:
-    """Wraps an ``nn.Module`` so that parameters travel as one flat float32 vector.
+    """Wraps an ``nn.Module`` so that parameters travel as one flat vector (float32; float64 for
+    the quadratic model). ``personal`` marks the personal entries w (the rest are global θ).
 
     All algorithms handle parameters as flat vectors (``[P]``, or ``[C, P]`` for a
     batch of clients); :meth:`logits` evaluates the module at any such vector,
     also under ``torch.func.vmap``.
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, personal: torch.Tensor | None = None):
         self.module = module
         params = dict(module.named_parameters())
         self.names = list(params)
         self.shapes = [tuple(p.shape) for p in params.values()]
         self.numels = [p.numel() for p in params.values()]
         self.size = sum(self.numels)
+        self.personal = torch.zeros(self.size, dtype=torch.bool) if personal is None else personal  # [P]: w entries
+        self.global_index = torch.nonzero(~self.personal).flatten()  # positions of θ in the flat vector
+        self.personal_index = torch.nonzero(self.personal).flatten()
 
     def initial_vector(self) -> torch.Tensor:
         """The module's current parameters as one flat vector."""
@@ -50,5 +54,5 @@ class FlatModel:
 
 
 def sha256(flat: torch.Tensor) -> str:
-    """SHA-256 of a parameter vector's float32 bytes (the determinism fingerprint)."""
-    return hashlib.sha256(flat.detach().cpu().to(torch.float32).contiguous().numpy().tobytes()).hexdigest()
+    """SHA-256 of a parameter vector's bytes in its own dtype (the determinism fingerprint)."""
+    return hashlib.sha256(flat.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
