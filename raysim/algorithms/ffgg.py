@@ -16,7 +16,6 @@ from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, fine
 from raysim.algorithms.gradients import LocalGradients, full_gradient, mean_loss
 from raysim.algorithms.local_sgd import local_sgd
 from raysim.algorithms.server_optimizer import init_server_optimizer, server_step
-from raysim.errors import DivergenceError
 from raysim.models.split import init_personal
 
 
