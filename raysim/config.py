@@ -286,7 +286,7 @@ def validate(cfg: DictConfig) -> None:
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
     from raysim.models import ACTIVATIONS, MODELS
-    from raysim.models.split import check_init
+    from raysim.models.split import PERSONAL_MODES, check_init
     from raysim.system import validate_system
 
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
@@ -326,12 +326,12 @@ def validate(cfg: DictConfig) -> None:
            "quadratic with data.kind=quadratic" if d.kind == "quadratic"
            else "a model for row data (not quadratic, which needs data.kind=quadratic)")
     personal = m.personal if isinstance(m.personal, str) else OmegaConf.to_container(m.personal)
-    _check(personal in SPLITS or (isinstance(personal, list) and personal and all(isinstance(x, str) for x in personal)),
-           "model.personal", personal, "one of " + ", ".join(SPLITS) + ", or a list of parameter-name patterns")
+    _check(personal in PERSONAL_MODES or (isinstance(personal, list) and personal
+                                          and all(isinstance(x, str) for x in personal)),
+           "model.personal", personal, "one of " + ", ".join(PERSONAL_MODES) + ", or a list of parameter-name patterns")
     _positive("model.adapter_rank", m.adapter_rank, integer=True)
-    _one_of("model.personal_init", m.personal_init, ["global", "random", "zero"])
     _one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
-    check_init(personal, m.personal_init)
+    check_init(personal, m.personal_init)  # personal_init is one of PERSONAL_INITS, and fits the split
     _check(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
     _one_of("model.activation", m.activation, ACTIVATIONS)
     _check(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
@@ -414,7 +414,6 @@ def validate(cfg: DictConfig) -> None:
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)
 
 
-SPLITS = ("none", "input_layer", "output_layer", "adapter")
 QUADRATIC_ALGORITHMS = ("ffgg", "l2gd", "local_ffgg", "localgd", "scaffold")
 
 

@@ -34,15 +34,15 @@ def _batch_gradient(model, params, x, y, mask):
 
 class LocalGradients:
     """Gradients of each client's local objective for ``num_steps`` local steps: the minibatches
-    of the task's batch schedule (``ctx.schedule``), or exact gradients of a quadratic problem
-    (``steps`` of them). ``at(params, s)`` -> (grads [C, P], loss [C], step scale [C])."""
+    of the task's batch schedule (``ctx.schedule``), or ``cfg.local_steps`` exact gradients of a
+    quadratic problem. ``at(params, s)`` -> (grads [C, P], loss [C], step scale [C])."""
 
-    def __init__(self, ctx, cfg, steps: int | None = None):
+    def __init__(self, ctx, cfg):
         self.ctx = ctx
         if ctx.problem is not None:
-            self.schedule, self.num_steps = None, steps if steps is not None else cfg.local_steps
+            self.schedule, self.num_steps = None, cfg.local_steps
         else:
-            self.schedule = ctx.schedule(cfg, steps)
+            self.schedule = ctx.schedule(cfg)
             self.num_steps = int(self.schedule.rows.shape[0])
 
     def at(self, params: torch.Tensor, s: int):

@@ -18,6 +18,7 @@ from raysim.engine.runtime import Runtime
 from raysim.errors import ScenarioError
 from raysim.metrics import OutputDir, ParquetLog
 from raysim.models import FlatModel, build_model
+from raysim.models.split import describe_split
 from raysim.system import SystemModel
 
 ROUNDS_SCHEMA = pa.schema([
@@ -113,6 +114,7 @@ def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began
         "wall_seconds": time.perf_counter() - began,
         "steady_updates_per_second": _steady_rate(rows),
         "system": final["system"], "actors": runtime.describe(),
+        "split": describe_split(prepared.model.module, prepared.model.personal),
     }
     out.write_text("summary.json", json.dumps(summary, indent=2, default=float) + "\n")
     return summary
