@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 
 import ray
-import torch
 
-from raysim.engine.host import ClientHost
+from raysim.loading import long_lived
 
 
 @ray.remote
@@ -20,9 +19,14 @@ class ClientActor:
     """
 
     def __init__(self, scenario: dict, table, actor_index: int):
-        self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-        device = "cuda" if self.gpu_ids and torch.cuda.is_available() else "cpu"
-        self.host = ClientHost(scenario, table, actor_index, device)
+        with long_lived():  # torch loads here, not when Ray imports this module
+            import torch
+
+            from raysim.engine.host import ClientHost
+
+            self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+            device = "cuda" if self.gpu_ids and torch.cuda.is_available() else "cpu"
+            self.host = ClientHost(scenario, table, actor_index, device)
 
     def run(self, payloads: dict, tasks: list) -> list:
         """Run tasks against the broadcast payloads (version -> payload or object-store reference)."""

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 
+import psutil
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -15,16 +16,18 @@ from actors.jobs import job_address
 from raysim.errors import ScenarioError
 
 
-def embedded_resources(runtime_cfg) -> tuple[float, float]:
-    """CPUs and GPUs an embedded local Ray will declare for this scenario."""
+def embedded_resources(runtime_cfg) -> tuple[float, float | None]:
+    """CPUs and GPUs an embedded local Ray will declare for this scenario. GPUs are None (Ray
+    detects them) when ``runtime.num_gpus`` is null and actors use no GPU: the actor plan does
+    not depend on them, and counting them here would import torch before Ray can start."""
     cpus = runtime_cfg.num_cpus if runtime_cfg.num_cpus is not None else os.cpu_count()
     if runtime_cfg.num_gpus is not None:
-        gpus = runtime_cfg.num_gpus
-    else:
-        import torch
+        return float(cpus), float(runtime_cfg.num_gpus)
+    if runtime_cfg.gpus_per_actor == 0:
+        return float(cpus), None
+    import torch
 
-        gpus = torch.cuda.device_count()
-    return float(cpus), float(gpus)
+    return float(cpus), float(torch.cuda.device_count())
 
 
 def plan_actors(runtime_cfg, nodes: list) -> int:
@@ -108,21 +111,28 @@ class RayRuntime:
         self._group = None
         self._owns_ray = False
 
+    def start(self) -> None:
+        """Start the embedded Ray (or join ``runtime.address`` / the job's cluster) unless Ray is
+        already initialized in this process; a second call does nothing."""
+        cfg = self.cfg
+        if ray.is_initialized():
+            return
+        address = cfg.address or job_address()  # inside a Ray job: that job's cluster
+        if address is None:
+            cpus, gpus = embedded_resources(cfg)
+            plan_actors(cfg, [(cpus, gpus or 0.0)])  # bad input fails before Ray starts
+            ray.init(num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False, logging_level=logging.WARNING)
+            _stop_autoscaler_monitor()
+        else:
+            ray.init(address=address, logging_level=logging.WARNING)
+        self._owns_ray = True
+
     def load(self, scenario: dict, dataset):
         from actors.client_actor import ClientActor
         from raysim.data import open_dataset
 
         cfg = self.cfg
-        address = cfg.address or job_address()  # inside a Ray job: that job's cluster
-        if not ray.is_initialized():
-            if address is None:
-                cpus, gpus = embedded_resources(cfg)
-                plan_actors(cfg, [(cpus, gpus)])  # bad input fails before Ray starts
-                ray.init(num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False,
-                         logging_level=logging.WARNING)
-            else:
-                ray.init(address=address, logging_level=logging.WARNING)
-            self._owns_ray = True
+        self.start()
         nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n["Alive"]]
         self.num_actors = plan_actors(cfg, nodes)
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
@@ -161,3 +171,20 @@ class RayRuntime:
             if self._group is not None:
                 remove_placement_group(self._group)
         self.actors, self._scheduler, self._group = [], None, None
+
+
+def _stop_autoscaler_monitor() -> None:
+    """Kill the embedded Ray's autoscaler monitor, a child process of this driver.
+
+    A single-node embedded Ray never autoscales, so the monitor only costs memory (~50 MB)
+    and time: ``ray.shutdown()`` stops the GCS before it, and its SIGTERM handler then waits
+    on the dead GCS until Ray gives up after a second and sends SIGKILL — one second of
+    every run's wall time (Ray 2.60).
+    """
+    for child in psutil.Process().children():
+        try:
+            if any(arg.endswith("monitor.py") and f"{os.sep}autoscaler{os.sep}" in arg for arg in child.cmdline()):
+                child.kill()
+                child.wait(timeout=5)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.TimeoutExpired):
+            pass

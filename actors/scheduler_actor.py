@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ray
 
-from raysim.engine.scheduler import Scheduler
+from raysim.loading import long_lived
 
 
 @ray.remote(num_cpus=0)
@@ -13,7 +13,10 @@ class SchedulerActor:
     :class:`actors.runtime.ActorPool`); the driver only calls :meth:`advance` and writes rows."""
 
     def __init__(self, scenario: dict, table, pool):
-        self.scheduler = Scheduler(scenario, table, pool)
+        with long_lived():
+            from raysim.engine.scheduler import Scheduler
+
+            self.scheduler = Scheduler(scenario, table, pool)
 
     def advance(self, seconds: float) -> dict:
         return self.scheduler.advance(seconds)

@@ -51,18 +51,22 @@ class ProgressBar:
 def cmd_run(args) -> int:
     from raysim.config import load_scenario
     from raysim.engine.simulation import prepare, run_scenario
+    from raysim.loading import long_lived
 
     began = time.perf_counter()
     cfg = load_scenario(args.scenario, args.overrides)
-    prepared = prepare(cfg)
     runtime = make_runtime(cfg)
-    bar = ProgressBar(cfg, enabled=not args.quiet)
     try:
-        summary = run_scenario(cfg, prepared, runtime, progress=bar, began=began)
-    except RunError as exc:
-        raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
+        with long_lived():
+            prepared = prepare(cfg, meanwhile=runtime.start)  # Ray starts while torch loads
+        bar = ProgressBar(cfg, enabled=not args.quiet)
+        try:
+            summary = run_scenario(cfg, prepared, runtime, progress=bar, began=began)
+        except RunError as exc:
+            raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
+        finally:
+            bar.close()
     finally:
-        bar.close()
         runtime.close()
     if not args.quiet:
         acc = summary["final_test_accuracy"]
@@ -86,14 +90,13 @@ def cmd_validate(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from raysim.algorithms import ALGORITHMS
+    from raysim.catalog import ALGORITHMS, MODELS
     from raysim.config import describe_keys
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
-    from raysim.models import MODELS
 
     sections = [("datasets (data.kind)", DATASETS), ("partitioners (data.partition.kind, digits)", PARTITIONERS),
-                ("models (model.kind)", MODELS), ("algorithms (algorithm.name)", {k: v[1] for k, v in ALGORITHMS.items()})]
+                ("models (model.kind)", MODELS), ("algorithms (algorithm.name)", ALGORITHMS)]
     for title, table in sections:
         print(title)
         for name, text in sorted(table.items()):

@@ -282,11 +282,9 @@ def _non_negative(key: str, value) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Check every value of a merged scenario; raise ScenarioError on the first bad one."""
-    from raysim.algorithms import ALGORITHMS
+    from raysim.catalog import ACTIVATIONS, ALGORITHMS, MODELS, PERSONAL_MODES, check_init
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
-    from raysim.models import ACTIVATIONS, MODELS
-    from raysim.models.split import PERSONAL_MODES, check_init
     from raysim.system import validate_system
 
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
+from raysim.catalog import check_init
 from raysim.errors import ScenarioError
 from raysim.models.flat import FlatModel
-from raysim.models.split import (LoRALinear, add_adapters, check_init, describe_split, init_personal,
+from raysim.models.split import (LoRALinear, add_adapters, describe_split, init_personal,
                                  personal_mask)
 
 P_MLP = 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10  # 8970

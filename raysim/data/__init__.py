@@ -1,4 +1,8 @@
-"""Federated datasets (one Arrow table per dataset) and the builders behind ``data.kind``."""
+"""Federated datasets (one Arrow table per dataset) and the builders behind ``data.kind``.
+
+Importing this package does not import torch (only the quadratic problem needs it, and it is
+loaded on first use), so a scenario's data can be built and checked while torch still loads.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ from raysim.data.federated import FederatedDataset
 from raysim.data.generators import digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
-from raysim.data.quadratic import QuadraticProblem, generate_quadratic
 from raysim.errors import ScenarioError
 
 __all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "QuadraticProblem", "build_dataset", "digits",
@@ -30,7 +33,20 @@ def open_dataset(table):
     """The data set an Arrow table holds: a QuadraticProblem (schema kind 'quadratic') or a
     FederatedDataset."""
     meta = table.schema.metadata or {}
-    return QuadraticProblem.from_table(table) if meta.get(b"kind") == b"quadratic" else FederatedDataset(table)
+    if meta.get(b"kind") == b"quadratic":
+        from raysim.data.quadratic import QuadraticProblem
+
+        return QuadraticProblem.from_table(table)
+    return FederatedDataset(table)
+
+
+def __getattr__(name: str):
+    """``QuadraticProblem`` and ``generate_quadratic``, imported (with torch) on first use."""
+    if name in ("QuadraticProblem", "generate_quadratic"):
+        from raysim.data import quadratic
+
+        return getattr(quadratic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_dataset(data_cfg, seed: int):
@@ -50,6 +66,8 @@ def build_dataset(data_cfg, seed: int):
         return digits(data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed,
                       feature_shift=data_cfg.feature_shift, concept_shift=data_cfg.concept_shift)
     if kind == "quadratic":
+        from raysim.data.quadratic import generate_quadratic
+
         return generate_quadratic(data_cfg.num_clients, data_cfg.n, data_cfg.d_theta, data_cfg.d_w, seed,
                                   realizable=data_cfg.realizable)
     if kind == "parquet":

@@ -20,6 +20,9 @@ class Runtime(Protocol):
     num_actors: int
     nodes: list  # the node of each host
 
+    def start(self) -> None:
+        """Begin what takes long and needs no data (Ray's start-up); ``load`` calls it if needed."""
+
     def load(self, scenario: dict, dataset):
         """Create the hosts; the data set travels once. Returns the data set the driver
         should use from now on (the runtime's shared copy)."""
@@ -53,6 +56,9 @@ class LocalRuntime:
 
     def __init__(self):
         self.host = None
+
+    def start(self) -> None:
+        """Nothing to start in-process."""
 
     def load(self, scenario: dict, dataset):
         self.host = ClientHost(scenario, dataset.table)

@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
 from omegaconf import OmegaConf
 
 from raysim.config import to_yaml
-from raysim.data import FederatedDataset, QuadraticProblem, build_dataset
-from raysim.engine.runtime import Runtime
+from raysim.data import FederatedDataset, build_dataset
 from raysim.errors import ScenarioError
 from raysim.metrics import OutputDir, ParquetLog
-from raysim.models import FlatModel, build_model
-from raysim.models.split import describe_split
 from raysim.system import SystemModel
+
+if TYPE_CHECKING:  # these import torch; prepare() loads them while ``meanwhile`` runs
+    from raysim.data.quadratic import QuadraticProblem
+    from raysim.engine.runtime import Runtime
+    from raysim.models import FlatModel
 
 ROUNDS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
@@ -47,17 +51,34 @@ class Prepared:
     output: OutputDir
 
 
-def prepare(cfg, create_output: bool = True) -> Prepared:
-    """Everything that can fail on bad input, before any runtime starts: data set, model, system
-    model, output directory (created unless ``create_output`` is false)."""
+def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | None = None) -> Prepared:
+    """Everything that can fail on bad input: data set, system model (trace files), output
+    directory (created unless ``create_output`` is false), then the model.
+
+    ``meanwhile`` (``runtime.start``: Ray's start-up) runs in this thread once everything but
+    the model has been checked, while a helper thread imports torch and builds the model:
+    both take seconds, and Ray's start-up is mostly its daemons starting in their own
+    processes. If the model is rejected, the error is raised after ``meanwhile`` returns.
+    """
     dataset = build_dataset(cfg.data, cfg.seed)
     k = cfg.execution.clients_per_round
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,
                             f"an integer in [1, {dataset.num_clients}] (the data set's number of clients)")
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
-    model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
-    return Prepared(dataset, model, OutputDir.open(cfg.output.dir, create=create_output))
+    output = OutputDir.open(cfg.output.dir, create=create_output)
+    if meanwhile is None:
+        return Prepared(dataset, _build_model(cfg, dataset), output)
+    with ThreadPoolExecutor(1, thread_name_prefix="raysim-model") as pool:
+        model = pool.submit(_build_model, cfg, dataset)
+        meanwhile()
+        return Prepared(dataset, model.result(), output)
+
+
+def _build_model(cfg, dataset) -> FlatModel:
+    from raysim.models import build_model
+
+    return build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
 
 
 def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began: float | None = None) -> dict:
@@ -70,6 +91,8 @@ def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began
     Errors of the run (divergence, no client available) are raised after the rows
     produced so far are written.
     """
+    from raysim.models.split import describe_split
+
     began = time.perf_counter() if began is None else began
     out = prepared.output
     out.write_text("scenario.yaml", to_yaml(cfg))

@@ -9,19 +9,13 @@ import math
 import torch
 from torch import nn
 
+from raysim.catalog import MODELS
 from raysim.errors import ScenarioError
 from raysim.models.flat import FlatModel
 from raysim.models.split import add_adapters, personal_mask
 
-MODELS = {
-    "logreg": "multinomial logistic regression (one Linear layer)",
-    "mlp": "fully connected net; keys model.hidden (sizes), model.activation",
-    "cnn": "small conv net for image data (digits, or parquet with data.image_shape); key model.channels",
-    "quadratic": "the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
-                 "model.personal=[w]",
-}
 
-ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}  # raysim.catalog names them
 
 __all__ = ["ACTIVATIONS", "MODELS", "FlatModel", "build_model"]
 

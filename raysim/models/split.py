@@ -14,11 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from raysim.catalog import PERSONAL_MODES, check_init
 from raysim.errors import ScenarioError
 from raysim.models.flat import FlatModel
 
-PERSONAL_MODES = ("none", "input_layer", "output_layer", "adapter")
-PERSONAL_INITS = ("random", "zero", "global")
 _INIT_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
@@ -114,15 +113,6 @@ def personal_mask(module: nn.Module, personal) -> torch.Tensor:
         raise ScenarioError("model.personal", personal, "a split that leaves both personal and global parameters; "
                             "parameters here: " + ", ".join(name for name, *_ in params))
     return torch.cat([torch.full((p.numel(),), s, dtype=torch.bool) for (_, p, *_), s in zip(params, selected)])
-
-
-def check_init(personal, how: str) -> None:
-    """Validate ``model.personal_init`` against ``model.personal`` (callable at scenario validation)."""
-    if how not in PERSONAL_INITS:
-        raise ScenarioError("model.personal_init", how, "one of " + ", ".join(PERSONAL_INITS))
-    if how == "zero" and personal == "adapter":
-        raise ScenarioError("model.personal_init", how,
-                            "random or global with model.personal=adapter (a zero LoRA pair has zero gradient)")
 
 
 def _law(p: torch.Tensor, owner: nn.Module, leaf: str) -> tuple:
