@@ -6,8 +6,9 @@ collections the allocation itself triggers walk them again and again (about 20% 
 import), and so do later collections and the one at interpreter exit (half a second
 with torch). :func:`long_lived` turns the collector off while they load, then moves
 them to the permanent generation (``gc.freeze``), which no collection visits — after one
-collection, so that what loading left as cyclic garbage (data generation leaves some that
-holds whole arrays) is freed rather than frozen.
+collection, so that what loading left as cyclic garbage is freed rather than frozen: importing
+torch leaves the importing frames in reference cycles, and with them their locals (in
+``prepare``, the driver's whole copy of the data set).
 """
 
 from __future__ import annotations
