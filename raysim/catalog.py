@@ -1,5 +1,5 @@
-"""The names a scenario may give to models, activations, the personal split and algorithms,
-with one line each for ``raysim list``.
+"""The names a scenario may give to models, activations, the personal split and algorithms
+(the one registry of built-in algorithms and their keys), with one line each for ``raysim list``.
 
 Torch-free on purpose: a scenario is validated (and Ray's start-up begun) before torch
 loads. The builders (:mod:`raysim.models`, :mod:`raysim.algorithms`) map these names to code.
@@ -7,6 +7,10 @@ loads. The builders (:mod:`raysim.models`, :mod:`raysim.algorithms`) map these n
 
 from __future__ import annotations
 
+import functools
+import importlib
+
+from raysim.algorithms import keys
 from raysim.errors import ScenarioError
 
 MODELS = {
@@ -22,19 +26,66 @@ ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
 PERSONAL_MODES = ("none", "input_layer", "output_layer", "adapter")
 PERSONAL_INITS = ("random", "zero", "global")
 
-ALGORITHMS = {
-    "fedavg": "FedAvg: local SGD (algorithm.lr, batch_size, local_epochs | local_steps, "
-              "weight_decay), sample-weighted averaging with algorithm.server_lr",
-    "ffgg": "FFGG (partial personalisation, Algorithm 1; async: Algorithm 3): fine-tune the personal "
-            "part (model.personal) with algorithm.finetuner sgd|cg|exact for local_steps at personal_lr, "
-            "send the partial gradient; server step server_lr via server_optimizer",
-    "local_ffgg": "Local FFGG (Algorithm 4): fine-tune w, then alternate w and θ steps (personal_lr, "
-                  "lr); pretrain_rounds of FedAvg first; server_optimizer sgd|adam",
-    "localgd": "Local GD: local_steps gradient steps on the shared model, FedAvg averaging",
-    "scaffold": "SCAFFOLD (option II control variates, stateful clients): local_steps at lr, server_lr = η_g",
-    "l2gd": "L2GD (per-client models, stateful): penalty λ, average_prob p (null: 1/local_steps); "
-            "full participation",
+ALGORITHMS = {  # name -> (implementation "module:Class", its keys); the one registry of built-ins
+    "fedavg": ("raysim.algorithms.fedavg:FedAvg", keys.FedAvgKeys),
+    "fedprox": ("raysim.algorithms.fedavg:FedProx", keys.FedProxKeys),
+    "fedavgm": ("raysim.algorithms.fedavg:FedAvgM", keys.FedAvgMKeys),
+    "fedadam": ("raysim.algorithms.fedavg:FedAdam", keys.FedAdamKeys),
+    "fedyogi": ("raysim.algorithms.fedavg:FedYogi", keys.FedYogiKeys),
+    "fedadagrad": ("raysim.algorithms.fedavg:FedAdagrad", keys.FedAdagradKeys),
+    "feddyn": ("raysim.algorithms.feddyn:FedDyn", keys.FedDynKeys),
+    "fedacg": ("raysim.algorithms.fedacg:FedACG", keys.FedACGKeys),
+    "scaffold": ("raysim.algorithms.scaffold:Scaffold", keys.ScaffoldKeys),
+    "localgd": ("raysim.algorithms.local_gd:LocalGD", keys.LocalGDKeys),
+    "ffgg": ("raysim.algorithms.ffgg:FFGG", keys.FFGGKeys),
+    "local_ffgg": ("raysim.algorithms.ffgg:LocalFFGG", keys.LocalFFGGKeys),
+    "l2gd": ("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys),
 }
+
+
+def import_object(path: str, target: str, what: str):
+    """The object that ``target`` (``package.module:name``) names; the scenario key ``path`` is
+    blamed, with ``what`` the kind of object expected, when it cannot be imported."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ScenarioError(path, target, f"a built-in name or package.module:name of {what}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may fail in any way while importing
+        raise ScenarioError(path, target, f"an importable module ({type(exc).__name__}: {exc})") from None
+    try:
+        return functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise ScenarioError(path, target, f"a name that module {module_name} defines ({what})") from None
+
+
+def algorithm_class(name: str):
+    """The class that ``algorithm.name`` names: a built-in, or an imported ``package.module:Class``
+    that subclasses :class:`raysim.algorithms.Algorithm` (imports torch)."""
+    if name in ALGORITHMS:
+        return import_object("algorithm.name", ALGORITHMS[name][0], "an algorithm")
+    if ":" not in name:
+        raise ScenarioError("algorithm.name", name, "one of " + ", ".join(sorted(ALGORITHMS))
+                            + ", or package.module:Class")
+    cls = import_object("algorithm.name", name, "an algorithm class")
+    from raysim.algorithms.base import Algorithm
+
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ScenarioError("algorithm.name", name, "a subclass of raysim.algorithms.Algorithm "
+                                                    f"(got {type(cls).__name__})")
+    return cls
+
+
+def algorithm_keys(name: str) -> type:
+    """The keys dataclass of ``algorithm.name``: torch-free for built-ins; a custom class's ``Keys``."""
+    if name in ALGORITHMS:
+        return ALGORITHMS[name][1]
+    return algorithm_class(name).Keys
+
+
+def algorithm_doc(keys_class: type) -> str:
+    """The one-line description of an algorithm: its keys dataclass's docstring."""
+    return " ".join((keys_class.__doc__ or "").split())
 
 
 def check_init(personal, how: str) -> None:

@@ -19,7 +19,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from raysim.errors import ScenarioError
+from raysim.schema import check_values, inapplicable, key, when
 from raysim.system.config import SystemConfig
+
+DIGITS, QUADRATIC, LEAF, PARQUET = (when("data.kind", k) for k in ("digits", "quadratic", "leaf_synthetic", "parquet"))
+SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 
 
 @dataclass
@@ -40,21 +44,21 @@ class DataConfig:
 
     kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | parquet | quadratic
     num_clients: int = 100
-    n: int = 10000  # quadratic: rows of each client's matrices
-    d_theta: int = 100  # quadratic: size of the global part θ
-    d_w: int = 50  # quadratic: size of the personal part w
-    realizable: bool = False  # quadratic: targets b_m, y_m from a planted (θ, w_m) (Assumption 2 holds)
-    feature_shift: bool = False  # digits: per-client pixel gain, offset and one-pixel translation
-    concept_shift: bool = False  # digits: per-client permutation of the labels
-    alpha: float = 1.0  # leaf_synthetic: model heterogeneity (variance)
-    beta: float = 1.0  # leaf_synthetic: data heterogeneity (variance)
+    n: int = key(10000, "quadratic: rows of each client's matrices", when=QUADRATIC)
+    d_theta: int = key(100, "quadratic: size of the global part θ", when=QUADRATIC)
+    d_w: int = key(50, "quadratic: size of the personal part w", when=QUADRATIC)
+    realizable: bool = key(False, "quadratic: targets from a planted (θ, w_m)", when=QUADRATIC)
+    feature_shift: bool = key(False, "digits: per-client pixel gain, offset and translation", when=DIGITS)
+    concept_shift: bool = key(False, "digits: per-client permutation of the labels", when=DIGITS)
+    alpha: float = key(1.0, "leaf_synthetic: model heterogeneity (variance)", when=LEAF)
+    beta: float = key(1.0, "leaf_synthetic: data heterogeneity (variance)", when=LEAF)
     test_fraction: float = 0.2  # share of each client's rows held out for testing
-    partition: PartitionConfig = field(default_factory=PartitionConfig)
-    path: Optional[str] = None  # parquet: file or directory
-    label_column: str = "label"
-    client_column: str = "client_id"
-    feature_columns: Optional[List[str]] = None
-    image_shape: Optional[List[int]] = None
+    partition: PartitionConfig = key(doc="digits: the split across clients", factory=PartitionConfig, when=DIGITS)
+    path: Optional[str] = key(None, "parquet: file or directory", when=PARQUET)
+    label_column: str = key("label", "parquet: the label column", when=PARQUET)
+    client_column: str = key("client_id", "parquet: the client column", when=PARQUET)
+    feature_columns: Optional[List[str]] = key(None, "parquet: feature columns (null: all others)", when=PARQUET)
+    image_shape: Optional[List[int]] = key(None, "parquet: the shape of one image (cnn)", when=PARQUET)
 
 
 @dataclass
@@ -62,37 +66,15 @@ class ModelConfig:
     """The model trained by every client (deterministic init from ``seed``)."""
 
     kind: str = "mlp"  # logreg | mlp | cnn | quadratic
-    hidden: List[int] = field(default_factory=lambda: [64])  # mlp hidden sizes
-    activation: str = "relu"  # mlp: relu | elu | tanh | sigmoid
-    channels: List[int] = field(default_factory=lambda: [16, 32])  # cnn conv channels
+    hidden: List[int] = key(doc="mlp hidden sizes", factory=lambda: [64], when=when("kind", "mlp"))
+    activation: str = key("relu", "mlp: relu | elu | tanh | sigmoid", when=when("kind", "mlp"))
+    channels: List[int] = key(doc="cnn conv channels", factory=lambda: [16, 32], when=when("kind", "cnn"))
     personal: Any = "none"  # none | input_layer | output_layer | adapter | [parameter-name patterns]
-    adapter_rank: int = 4  # adapter: rank of each LoRA pair
-    adapter_layers: Optional[List[str]] = None  # adapter: Linear module names (null: all but the output layer)
+    adapter_rank: int = key(4, "adapter: rank of each LoRA pair", when=when("personal", "adapter"))
+    adapter_layers: Optional[List[str]] = key(None, "adapter: Linear module names (null: all but the output layer)",
+                                              when=when("personal", "adapter"))
     personal_init: str = "random"  # random | zero | global: w at each client visit
     personal_state: str = "stateless"  # stateless | stateful (w kept per client between visits)
-
-
-@dataclass
-class AlgorithmConfig:
-    """The federated algorithm and its client optimizer."""
-
-    name: str = "fedavg"
-    lr: float = 0.05  # client learning rate
-    batch_size: int = 10
-    local_epochs: int = 1
-    local_steps: Optional[int] = None  # if set, a fixed number of steps replaces epochs
-    weight_decay: float = 0.0
-    server_lr: float = 1.0
-    server_optimizer: str = "sgd"  # sgd | adam (FedAdam)
-    server_betas: List[float] = field(default_factory=lambda: [0.9, 0.99])  # adam
-    server_eps: float = 1e-3  # adam
-    lr_unit: str = "absolute"  # absolute | inverse_smoothness (quadratic: lr, server_lr times 1/L constants)
-    personal_lr: Optional[float] = None  # γ_w of the personal part (null: algorithm.lr)
-    finetuner: str = "sgd"  # FFGG: sgd | cg | exact (cg, exact: quadratic data)
-    penalty: float = 0.1  # l2gd: λ
-    average_prob: Optional[float] = None  # l2gd: p (null: 1 / local_steps)
-    pretrain_rounds: int = 0  # local_ffgg: FedAvg rounds on the whole model first
-    pretrain_lr: Optional[float] = None  # local_ffgg: client lr of those rounds (null: algorithm.lr)
 
 
 @dataclass
@@ -109,18 +91,20 @@ class ExecutionConfig:
     """How the server drives training (synchronous rounds or asynchronous updates)."""
 
     mode: str = "sync"  # sync | async
-    rounds: int = 20  # sync
-    clients_per_round: int = 10  # sync: updates kept per round
-    deadline: Optional[float] = None  # sync: virtual seconds; later updates are late (discarded)
-    over_selection: float = 1.0  # sync: sample ceil(f * clients_per_round), keep the earliest
-    concurrency: int = 10  # async: tasks in flight
-    aggregation: str = "fedasync"  # async: fedasync | fedbuff
-    buffer_size: int = 10  # async fedbuff: updates per server step
-    staleness: StalenessConfig = field(default_factory=StalenessConfig)
-    max_staleness: Optional[int] = None  # async: older updates are dropped (status stale)
-    max_updates: Optional[int] = None  # async stop: applied updates
-    max_virtual_time: Optional[float] = None  # async stop: virtual seconds
-    target_accuracy: Optional[float] = None  # async stop: global test accuracy reached at an evaluation
+    rounds: int = key(20, "sync: rounds", when=SYNC)
+    clients_per_round: int = key(10, "sync: updates kept per round", when=SYNC)
+    deadline: Optional[float] = key(None, "sync: virtual seconds; later updates are late (discarded)", when=SYNC)
+    over_selection: float = key(1.0, "sync: sample ceil(f * clients_per_round), keep the earliest", when=SYNC)
+    concurrency: int = key(10, "async: tasks in flight", when=ASYNC)
+    aggregation: str = key("fedasync", "async: fedasync | fedbuff", when=ASYNC)
+    buffer_size: int = key(10, "async fedbuff: updates per server step",
+                           when=(ASYNC, when("execution.aggregation", "fedbuff")))
+    staleness: StalenessConfig = key(doc="async: staleness weights", factory=StalenessConfig, when=ASYNC)
+    max_staleness: Optional[int] = key(None, "async: older updates are dropped (status stale)", when=ASYNC)
+    max_updates: Optional[int] = key(None, "async stop: applied updates", when=ASYNC)
+    max_virtual_time: Optional[float] = key(None, "async stop: virtual seconds", when=ASYNC)
+    target_accuracy: Optional[float] = key(None, "async stop: global test accuracy reached at an evaluation",
+                                           when=ASYNC)
 
 
 @dataclass
@@ -167,7 +151,7 @@ class Scenario:
     seed: int = 0
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    algorithm: Any = field(default_factory=lambda: {"name": "fedavg"})  # keys: the algorithm's Keys dataclass
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -181,6 +165,9 @@ TOP_LEVEL_KEYS = tuple(Scenario.__dataclass_fields__)
 def load_scenario(path: Optional[str], overrides: List[str] = ()) -> DictConfig:
     """Merge a scenario file and ``key=value`` overrides onto the schema and validate.
 
+    The ``algorithm`` section's schema is the keys dataclass of the algorithm it names
+    (:func:`raysim.catalog.algorithm_keys`). Keys that the scenario sets but that would be
+    ignored (they apply to another algorithm, data kind or execution mode) are errors.
     Raises :class:`ScenarioError` for any problem, naming the key.
     """
     schema = OmegaConf.structured(Scenario)
@@ -188,6 +175,9 @@ def load_scenario(path: Optional[str], overrides: List[str] = ()) -> DictConfig:
     if path is not None:
         layers.append(_read_yaml(path))
     layers.append(_parse_overrides(overrides))
+    algorithm_layers = [_take_algorithm(layer) for layer in layers]
+    explicit = [p for layer in layers for p in _leaf_paths(layer)]
+    explicit += [f"algorithm.{p}" for layer in algorithm_layers for p in _leaf_paths(layer)]
     cfg = schema
     for layer in layers:
         _check_unknown_keys(layer, schema)
@@ -195,12 +185,55 @@ def load_scenario(path: Optional[str], overrides: List[str] = ()) -> DictConfig:
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as exc:
             raise _translate(exc) from None
+    cfg.algorithm = _algorithm_section(algorithm_layers)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise _translate(exc) from None
-    validate(cfg)
+    validate(cfg, explicit)
     return cfg
+
+
+def _take_algorithm(layer: DictConfig) -> DictConfig:
+    """Remove and return a layer's ``algorithm`` section (merged onto its own schema later)."""
+    if "algorithm" not in layer:
+        return OmegaConf.create({})
+    section = layer._get_node("algorithm")
+    if not isinstance(section, DictConfig):
+        raise ScenarioError("algorithm", _raw(layer, "algorithm"), "a mapping of algorithm keys (name: fedavg, ...)")
+    del layer["algorithm"]
+    return section
+
+
+def _algorithm_section(layers: list) -> DictConfig:
+    """The ``algorithm`` section: the named algorithm's keys with the layers' values merged on."""
+    from raysim.catalog import algorithm_keys
+
+    name = "fedavg"
+    for layer in layers:
+        if "name" in layer:
+            name = _raw(layer, "name")
+    if not isinstance(name, str):
+        raise ScenarioError("algorithm.name", name, "a built-in name (raysim list) or package.module:Class")
+    keys = algorithm_keys(name)
+    section = OmegaConf.structured(keys)
+    for layer in layers:
+        _check_unknown_keys(layer, section, "algorithm.", f"a key of algorithm.name={name}")
+        try:
+            section = OmegaConf.merge(section, layer)
+        except OmegaConfBaseException as exc:
+            raise _translate(exc, keys, "algorithm.") from None
+    return section
+
+
+def _leaf_paths(node: DictConfig, prefix: str = ""):
+    """Dotted paths of the values a layer sets (sub-mappings walked, lists are values)."""
+    for k in node.keys():
+        child = node._get_node(k)
+        if isinstance(child, DictConfig):
+            yield from _leaf_paths(child, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
 
 
 def _read_yaml(path: str) -> DictConfig:
@@ -226,16 +259,16 @@ def _parse_overrides(overrides) -> DictConfig:
         raise ScenarioError("override", " ".join(overrides), f"key=value pairs ({exc})") from None
 
 
-def _check_unknown_keys(layer: DictConfig, schema: DictConfig, prefix: str = "") -> None:
+def _check_unknown_keys(layer: DictConfig, schema: DictConfig, prefix: str = "", what: str = "a known key") -> None:
     """Reject keys the schema does not declare, listing the allowed ones."""
     for key in layer.keys():
         path = f"{prefix}{key}"
         if key not in schema:
             allowed = ", ".join(str(k) for k in schema.keys()) or "no key yet"
-            raise ScenarioError(path, _raw(layer, key), f"a known key; allowed here: {allowed}")
+            raise ScenarioError(path, _raw(layer, key), f"{what}; allowed here: {allowed}")
         sub, child = schema[key], layer._get_node(key)
         if isinstance(sub, DictConfig) and isinstance(child, DictConfig):
-            _check_unknown_keys(child, sub, path + ".")
+            _check_unknown_keys(child, sub, path + ".", what)
 
 
 def _raw(layer: DictConfig, key) -> Any:
@@ -243,17 +276,18 @@ def _raw(layer: DictConfig, key) -> Any:
     return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
-def _translate(exc: OmegaConfBaseException) -> ScenarioError:
-    """Turn an omegaconf merge/resolve error into a one-line ScenarioError."""
+def _translate(exc: OmegaConfBaseException, schema: type = Scenario, prefix: str = "") -> ScenarioError:
+    """Turn an omegaconf merge/resolve error into a one-line ScenarioError (``schema``: the
+    dataclass whose merge failed; ``prefix``: its section's path)."""
     key = getattr(exc, "full_key", None) or "scenario"
     if isinstance(exc, (InterpolationResolutionError, GrammarParseError)):
-        return ScenarioError(key, "${...}", f"an interpolation that resolves ({str(exc).splitlines()[0]})")
-    return ScenarioError(key, getattr(exc, "value", None), f"a value of type {_declared_type(key)}")
+        return ScenarioError(prefix + key, "${...}", f"an interpolation that resolves ({str(exc).splitlines()[0]})")
+    return ScenarioError(prefix + key, getattr(exc, "value", None), f"a value of type {_declared_type(key, schema)}")
 
 
-def _declared_type(key: str) -> str:
+def _declared_type(key: str, schema: type = Scenario) -> str:
     """The schema's type for a dotted key, e.g. 'int' or 'Optional[float]'."""
-    node = OmegaConf.structured(Scenario)
+    node = OmegaConf.structured(schema)
     for part in key.split("."):
         node = node._get_node(part)
     ref = node._metadata.ref_type
@@ -280,9 +314,10 @@ def _non_negative(key: str, value) -> None:
     _check(value >= 0, key, value, "a number >= 0")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check every value of a merged scenario; raise ScenarioError on the first bad one."""
-    from raysim.catalog import ACTIVATIONS, ALGORITHMS, MODELS, PERSONAL_MODES, check_init
+def validate(cfg: DictConfig, explicit=()) -> None:
+    """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
+    paths the scenario sets) would be ignored; raise ScenarioError on the first bad one."""
+    from raysim.catalog import ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_keys, check_init
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
     from raysim.system import validate_system
@@ -335,16 +370,8 @@ def validate(cfg: DictConfig) -> None:
     _check(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
            "a non-empty list of positive channel counts")
 
-    a = cfg.algorithm
-    _one_of("algorithm.name", a.name, ALGORITHMS)
-    _positive("algorithm.lr", a.lr)
-    _positive("algorithm.batch_size", a.batch_size, integer=True)
-    _positive("algorithm.local_epochs", a.local_epochs, integer=True)
-    if a.local_steps is not None:
-        _positive("algorithm.local_steps", a.local_steps, integer=True)
-    _non_negative("algorithm.weight_decay", a.weight_decay)
-    _positive("algorithm.server_lr", a.server_lr)
-    _validate_personalised(cfg)
+    keys = algorithm_keys(cfg.algorithm.name)
+    check_values(cfg, keys, "algorithm")
 
     e = cfg.execution
     _one_of("execution.mode", e.mode, ["async", "sync"])
@@ -373,10 +400,10 @@ def validate(cfg: DictConfig) -> None:
         if e.target_accuracy is not None:
             _check(cfg.eval.every > 0, "eval.every", cfg.eval.every,
                    "> 0 with execution.target_accuracy (accuracy is only known at evaluations)")
-    if d.kind != "parquet":  # a Parquet file decides its own number of clients
+    if e.mode == "sync" and d.kind != "parquet":  # a Parquet file decides its own number of clients
         _check(1 <= e.clients_per_round <= d.num_clients, "execution.clients_per_round", e.clients_per_round,
                f"an integer in [1, data.num_clients={d.num_clients}]")
-    else:
+    elif e.mode == "sync":
         _positive("execution.clients_per_round", e.clients_per_round, integer=True)
 
     r = cfg.runtime
@@ -411,64 +438,26 @@ def validate(cfg: DictConfig) -> None:
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)
 
-
-QUADRATIC_ALGORITHMS = ("ffgg", "l2gd", "local_ffgg", "localgd", "scaffold")
-
-
-def _validate_personalised(cfg: DictConfig) -> None:
-    """The keys of partially personalised training and of the quadratic problem's algorithms."""
-    a, d, e, m = cfg.algorithm, cfg.data, cfg.execution, cfg.model
-    _one_of("algorithm.server_optimizer", a.server_optimizer, ["adam", "sgd"])
-    _check(len(a.server_betas) == 2 and all(0 <= b < 1 for b in a.server_betas), "algorithm.server_betas",
-           list(a.server_betas), "two numbers in [0, 1)")
-    _positive("algorithm.server_eps", a.server_eps)
-    _one_of("algorithm.lr_unit", a.lr_unit, ["absolute", "inverse_smoothness"])
-    _one_of("algorithm.finetuner", a.finetuner, ["cg", "exact", "sgd"])
-    if a.personal_lr is not None:
-        _positive("algorithm.personal_lr", a.personal_lr)
-    _positive("algorithm.penalty", a.penalty)
-    if a.average_prob is not None:
-        _check(0 < a.average_prob < 1, "algorithm.average_prob", a.average_prob, "a probability in (0, 1)")
-    _check(a.pretrain_rounds >= 0, "algorithm.pretrain_rounds", a.pretrain_rounds, "an integer >= 0")
-    if a.pretrain_lr is not None:
-        _positive("algorithm.pretrain_lr", a.pretrain_lr)
-    quadratic = d.kind == "quadratic"
-    if a.lr_unit == "inverse_smoothness":
-        _check(quadratic, "algorithm.lr_unit", a.lr_unit, "absolute unless data.kind=quadratic (whose "
-               "smoothness constants are known)")
-    if a.finetuner in ("cg", "exact"):
-        _check(quadratic, "algorithm.finetuner", a.finetuner, "sgd unless data.kind=quadratic")
-    if quadratic:
-        _one_of("algorithm.name", a.name, QUADRATIC_ALGORITHMS)
-        steps_free = (a.name == "ffgg" and a.finetuner == "exact") or (a.name == "l2gd" and a.average_prob is not None)
-        _check(a.local_steps is not None or steps_free, "algorithm.local_steps", None,
-               f"a positive integer for algorithm.name={a.name} on data.kind=quadratic (its clients have no rows "
-               "to make epochs of)")
-        _check(a.pretrain_rounds == 0, "algorithm.pretrain_rounds", a.pretrain_rounds,
-               "0 with data.kind=quadratic (FedAvg pre-training needs rows)")
-    if a.name in ("ffgg", "local_ffgg"):
-        personal = m.personal if isinstance(m.personal, str) else list(m.personal)
-        if quadratic:
-            _check(personal == ["w"], "model.personal", personal, "[w] for algorithm.name="
-                   f"{a.name} on data.kind=quadratic (w is that problem's personal part)")
-        else:
-            _check(personal != "none", "model.personal", personal, f"a split with personal parameters for "
-                   f"algorithm.name={a.name}: input_layer, output_layer, adapter or name patterns")
-    if a.pretrain_rounds:
-        _check(a.name == "local_ffgg", "algorithm.pretrain_rounds", a.pretrain_rounds, "0 unless algorithm.name=local_ffgg")
-        _check(e.mode == "sync", "algorithm.pretrain_rounds", a.pretrain_rounds, "0 in execution.mode=async")
-        _check(a.pretrain_rounds < e.rounds, "algorithm.pretrain_rounds", a.pretrain_rounds,
-               f"fewer than execution.rounds={e.rounds} (they are part of them)")
-    if a.name == "l2gd":
-        _check(e.mode == "sync", "execution.mode", e.mode, "sync for algorithm.name=l2gd")
-        _check(e.clients_per_round == d.num_clients, "execution.clients_per_round", e.clients_per_round,
-               f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
+    for path in explicit:
+        section, _, rest = path.partition(".")
+        why = (inapplicable(cfg, keys, "algorithm", rest) if section == "algorithm"
+               else inapplicable(cfg, Scenario, "", path))
+        if why is not None:
+            value = OmegaConf.select(cfg, path)
+            raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
+                                f"no setting ({why})")
+    keys.check(cfg)
 
 
 def scenario_object(container: dict) -> Scenario:
     """A validated scenario (as a plain dict) as plain dataclasses: fast attribute access for
-    the hot paths of the scheduler and the client hosts."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Scenario), container))
+    the hot paths of the scheduler and the client hosts (``algorithm``: its keys dataclass)."""
+    from raysim.catalog import algorithm_keys
+
+    scenario = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Scenario), container))
+    algorithm = container["algorithm"]
+    scenario.algorithm = algorithm_keys(algorithm["name"])(**algorithm)
+    return scenario
 
 
 def to_yaml(cfg: DictConfig) -> str:

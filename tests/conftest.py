@@ -14,11 +14,17 @@ RAY_CPUS, RAY_GPUS = 4, 1
 
 
 def small_scenario(tmp_path, *overrides, backend="local"):
-    """A fast scenario (Gaussian mixture, 40 clients, MLP) with overrides, writing under tmp_path."""
+    """A fast scenario (Gaussian mixture, 40 clients, MLP) with overrides, writing under tmp_path.
+    The base's MLP size and round settings are left out when the overrides choose another model
+    kind or asynchronous mode (a key that would be ignored is an error)."""
+    chosen = dict(o.split("=", 1) for o in overrides)
     base = ["name=small", "data.kind=gaussian_mixture", "data.num_clients=40", "model.kind=mlp",
-            "model.hidden=[16]", "execution.rounds=3", "execution.clients_per_round=12",
             "runtime.clients_per_task=5", f"runtime.backend={backend}", f"output.dir={tmp_path}/out",
             "eval.every=1", "output.flush_seconds=0"]
+    if chosen.get("model.kind", "mlp") == "mlp":
+        base.append("model.hidden=[16]")
+    if chosen.get("execution.mode", "sync") == "sync":
+        base += ["execution.rounds=3", "execution.clients_per_round=12"]
     return load_scenario(None, base + list(overrides))
 
 

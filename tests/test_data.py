@@ -15,6 +15,7 @@ from raysim.data import DATASETS, PARTITIONERS, FederatedDataset, build_dataset,
 from raysim.data.generators import digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.errors import ScenarioError
+from raysim.streams import Purpose, stream
 
 
 def part_cfg(kind="iid", **kw):
@@ -121,7 +122,7 @@ def test_gaussian_mixture_matches_the_definition():
     assert (ds.num_clients, ds.num_classes, ds.feature_shape) == (9, 10, (60,))
     n = 50 + (37 * np.arange(9)) % 151
     assert np.array_equal(ds.train_sizes(), n) and np.all(ds.test_sizes() == 10)
-    means = np.random.default_rng(seed).normal(0.0, 0.3, size=(10, 60))
+    means = stream(seed, Purpose.GAUSSIAN_MIXTURE_MEANS).normal(0.0, 0.3, size=(10, 60))
     off = ds.offsets()
     for k in (0, 7):
         rng = np.random.default_rng([seed, k])
@@ -153,7 +154,7 @@ def test_leaf_synthetic():
     assert np.all(sizes >= 50)
     assert np.array_equal(ds.test_sizes(), np.round(0.25 * sizes).astype(int))
     # sizes follow FedProx: int(lognormal(4, 2)) + 50, the first draw of each client's generator
-    assert sizes[2] == int(np.random.default_rng([0, 2]).lognormal(4, 2)) + 50
+    assert sizes[2] == int(stream(0, Purpose.LEAF_SYNTHETIC, 2).lognormal(4, 2)) + 50
     off, x, y = ds.offsets(), ds.features(), ds.labels()
     means = np.stack([x[a:e].mean(axis=0) for a, _, e in off])
     assert np.abs(means[0] - means[1]).max() > 0.1, "clients have different feature means"

@@ -9,19 +9,20 @@ import torch
 
 from raysim.data.quadratic import QuadraticProblem, generate_quadratic
 from raysim.errors import ScenarioError
+from raysim.streams import Purpose, stream
 
 M, N, DT, DW, SEED = 4, 200, 6, 3, 5
 
 
 def raw_client(m, seed=SEED, n=N, d_theta=DT, d_w=DW, realizable=False):
     """Client m's raw (H, A, B, b, y, w_true), drawn by the recipe the generator documents."""
-    rng = np.random.default_rng([seed, 7, m])
+    rng = stream(seed, Purpose.QUADRATIC_CLIENT, m)
     H = rng.random((n, d_theta)) / d_theta
     A = rng.random((n, d_theta)) / d_theta
     B = rng.random((n, d_w)) / d_w
     if not realizable:
         return H, A, B, rng.random(n), rng.random(n), None
-    theta_true = np.random.default_rng([seed, 8]).random(d_theta)
+    theta_true = stream(seed, Purpose.QUADRATIC_PLANT).random(d_theta)
     w_true = rng.random(d_w)
     return H, A, B, H @ theta_true, A @ theta_true + B @ w_true, w_true
 
@@ -161,7 +162,7 @@ def test_f_min_of_a_singular_client():
 def test_realizable_problem_has_zero_minimum():
     p = generate_quadratic(M, N, DT, DW, SEED, realizable=True)
     assert (p.f_min.abs() < 1e-12 * p.c).all()
-    theta_true = torch.from_numpy(np.random.default_rng([SEED, 8]).random(DT))
+    theta_true = torch.from_numpy(stream(SEED, Purpose.QUADRATIC_PLANT).random(DT))
     w_true = torch.from_numpy(np.stack([raw_client(m, realizable=True)[5] for m in range(M)]))
     assert abs(p.loss_gap(theta_true, w_true)) < 1e-12 * p.c.mean()
     torch.testing.assert_close(p.theta_star, theta_true, rtol=1e-8, atol=1e-8)

@@ -54,7 +54,7 @@ MODES = {
     "sync": ["execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2",
              "eval.personalized_steps=2"],
     "sync_deadline": STRAGGLERS + ["execution.rounds=4", "execution.clients_per_round=20", "execution.deadline=10",
-                                   "execution.over_selection=1.2"],
+                                   "execution.over_selection=1.2", "runtime.clients_per_task=3"],
     "fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=12", "execution.max_updates=40",
                               "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=10"],
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",

@@ -13,7 +13,6 @@ import pytest
 
 from conftest import small_scenario
 from raysim import catalog
-from raysim.algorithms import ALGORITHMS
 from raysim.engine.simulation import prepare
 from raysim.errors import ScenarioError
 from raysim.models import ACTIVATIONS
@@ -45,7 +44,10 @@ def test_scenario_and_data_are_checked_without_importing_torch():
 
 
 def test_the_catalog_names_exactly_what_the_builders_build():
-    assert set(catalog.ALGORITHMS) == set(ALGORITHMS)
+    for name, (_, keys) in catalog.ALGORITHMS.items():
+        cls = catalog.algorithm_class(name)
+        assert cls.Keys is keys, name  # the registry's keys are the class's own
+        assert keys.__doc__ and catalog.algorithm_doc(keys), name
     assert set(catalog.ACTIVATIONS) == set(ACTIVATIONS)
 
 

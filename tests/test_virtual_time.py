@@ -103,7 +103,8 @@ def test_events_carry_virtual_time_and_profile(tmp_path):
 @pytest.mark.parametrize("aggregation", ["fedasync", "fedbuff"])
 def test_async_applies_in_virtual_time_order_with_staleness(tmp_path, aggregation):
     summary = _run(small_scenario(tmp_path, *STRAGGLERS, "execution.mode=async", "execution.concurrency=6",
-                                  f"execution.aggregation={aggregation}", "execution.buffer_size=3",
+                                  f"execution.aggregation={aggregation}",
+                                  *(["execution.buffer_size=3"] if aggregation == "fedbuff" else []),
                                   "execution.max_updates=30", "eval.every=5", "algorithm.server_lr=0.3"))
     ev, rounds = _events(tmp_path), _rounds(tmp_path)
     assert summary["client_updates"] == 30 and summary["tasks"] == {"applied": 30}
@@ -143,8 +144,8 @@ def test_dropout_failures_are_counted_and_never_applied(tmp_path):
 
 
 def test_unreliable_agents_change_training_but_not_its_scale(tmp_path):
-    plain = _run(small_scenario(tmp_path / "a", "execution.rounds=6"))
-    flaky = _run(small_scenario(tmp_path / "b", "execution.rounds=6", "system.unreliable.participation.value=0.5",
+    plain = _run(small_scenario(tmp_path / "a", "execution.rounds=12"))
+    flaky = _run(small_scenario(tmp_path / "b", "execution.rounds=12", "system.unreliable.participation.value=0.5",
                                 "system.unreliable.local_steps.kind=uniform_int",
                                 "system.unreliable.local_steps.low=2", "system.unreliable.local_steps.high=6"))
     assert plain["model_sha256"] != flaky["model_sha256"]

@@ -1,20 +1,23 @@
-"""Federated algorithms, one module per family; :func:`make_algorithm` builds one by name."""
+"""Federated algorithms, one module per family, built from shared parts: the local loop
+(:mod:`.local`), gradient oracles (:mod:`.oracles`), client transforms (:mod:`.transforms`),
+aggregators (:mod:`.aggregators`) and server optimizers (:mod:`.server_optimizers`).
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, Personalized
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.ffgg import FFGG, LocalFFGG
-from raysim.algorithms.l2gd import L2GD
-from raysim.algorithms.local_gd import LocalGD
-from raysim.algorithms.scaffold import Scaffold
+Importing this package loads no torch (scenarios are checked before torch loads); the names
+below load their modules on first use. Built-in algorithms are registered in
+:data:`raysim.catalog.ALGORITHMS`; :func:`make_algorithm` builds one by name.
+"""
 
-ALGORITHMS = {"fedavg": FedAvg, "ffgg": FFGG, "local_ffgg": LocalFFGG, "localgd": LocalGD, "scaffold": Scaffold,
-              "l2gd": L2GD}  # name -> class; the names and their descriptions: raysim.catalog.ALGORITHMS
+from __future__ import annotations
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientUpdates", "Personalized", "make_algorithm"]
+import importlib
+
+_EXPORTS = {"Algorithm": "base", "AlgorithmEnv": "base", "ClientContext": "base", "ClientUpdates": "base",
+            "Personalized": "base", "RowData": "base", "ServerState": "base", "make_algorithm": "build"}
+
+__all__ = sorted(_EXPORTS)
 
 
-def make_algorithm(scenario, model, problem=None, num_clients: int = 0) -> Algorithm:
-    """The algorithm that ``scenario.algorithm.name`` names (already validated), for the
-    scenario's model (a FlatModel with its split), QuadraticProblem (if any) and number of clients."""
-    return ALGORITHMS[scenario.algorithm.name](scenario.algorithm, scenario.model, model, problem, num_clients,
-                                               scenario.seed)
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"raysim.algorithms.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'raysim.algorithms' has no attribute {name!r}")

@@ -1,26 +1,29 @@
-"""The algorithm interface every federated algorithm implements.
+"""The algorithm interface: explicit server state plus pure functions, built from shared parts.
 
-An algorithm is explicit server state plus pure functions (in the style of
-FedJAX's ``FederatedAlgorithm`` and optax's ``GradientTransformation``):
+In the style of FedJAX's ``FederatedAlgorithm`` and optax's transforms, an algorithm is
 
-    init(params)                      -> server state (dict of tensors)
-    payload(state)                    -> what clients receive (dict of tensors)
-    client_update(payloads, ctx)      -> ClientUpdates for a task of several clients (vectorized);
-                                         payloads[c] is what client c received (asynchronous
-                                         clients of one task may start from different versions)
-    aggregate(state, updates, weights) -> new server state from updates weighted by ``weights``
-                                         (a round's sample weights, or staleness weights in async)
-    global_params(state)              -> the flat parameters to evaluate and save
-    client_models(state, client_state) -> per-client models when the algorithm keeps them (L2GD)
+    init(params)                       -> ServerState (parameters, optimizer state, algorithm state)
+    payload(state)                     -> what clients receive (a dict of tensors)
+    client_update(payloads, ctx)       -> ClientUpdates of a task's clients (vectorized); payloads[c]
+                                          is what client c received (asynchronous clients of one task
+                                          may start from different model versions)
+    server_update(state, updates, w)   -> the next ServerState: aggregate the updates, let the
+                                          algorithm turn the aggregate into a direction
+                                          (:meth:`Algorithm.server_direction`), apply the server
+                                          optimizer (:mod:`raysim.algorithms.server_optimizers`)
 
-Stateful algorithms (``stateful = True``: SCAFFOLD's control variates, L2GD's local
-models, FFGG with ``model.personal_state: stateful``) return each client's new state as
-``updates.tensors["state"]``; the scheduler keeps it and hands it back, as ``ctx.states``,
-the next time that client runs. Server state may carry diagnostics (``grad_norm_sq``: an
-estimate of ‖F(θ)‖²) that the scheduler logs.
+and declares what a task costs: :meth:`Algorithm.work` (samples processed) and
+:meth:`Algorithm.upload_size` (numbers sent); the payload's size is its tensors' bytes. The
+system model times tasks from these.
 
-Every random draw of client work comes from ``ctx.rngs`` (one stream per client
-and task), so results do not depend on where or with whom a client ran.
+Client work trains through the one local loop (:func:`raysim.algorithms.local.local_train`)
+with a gradient oracle and a chain of client transforms that the task's
+:class:`ClientContext` builds. Every random draw of client work comes from ``ctx.rngs`` (one
+stream per client and task), so results do not depend on where or with whom a client ran.
+
+Stateful algorithms (SCAFFOLD's control variates, FedDyn's g_i, L2GD's models, FFGG with
+``model.personal_state: stateful``) return each client's new state as ``updates.states``;
+the scheduler keeps it and hands it back, as ``ctx.states``, the next time that client runs.
 """
 
 from __future__ import annotations
@@ -31,78 +34,77 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.algorithms.local_sgd import batch_schedule, local_sgd
-from raysim.models import FlatModel
+from raysim.algorithms import server_optimizers, transforms
+from raysim.algorithms.aggregators import weighted_mean
+from raysim.algorithms.keys import FedAvgKeys
+from raysim.algorithms.local import LocalResult, local_train
+from raysim.algorithms.oracles import QuadraticOracle, RowOracle, StepPlan, counted_plan, minibatch_plan
 
 
 @dataclass
-class ClientContext:
-    """What a task of C clients sees on the host that runs it."""
+class ServerState:
+    """Everything the server keeps: the model, the server optimizer's state, the algorithm's own
+    state (SCAFFOLD's control variate, FedDyn's h, round counters) and the diagnostics of the
+    last step (logged in rounds.parquet). Tensors and floats only: it saves and loads whole."""
 
-    client_ids: np.ndarray  # [C]
-    rngs: list  # one numpy Generator per client, seeded from (seed, stream, client, task counter)
-    model: FlatModel
-    features: torch.Tensor  # every row of the data set, on the host's device
-    labels: torch.Tensor
-    offsets: np.ndarray  # [C, 3]: train_start, test_start, test_end
-    device: torch.device
-    participation: np.ndarray | None = None  # [C] δ_k of unreliable clients (None: always compute)
-    local_steps: np.ndarray | None = None  # [C] heterogeneous E_k (> 0 overrides the algorithm's)
-    noise: tuple | None = None  # (kind, scale): perturbation of local gradients
-    problem: object = None  # a QuadraticProblem: clients are its rows of sufficient statistics
-    states: list | None = None  # [C] each client's kept state (a tensor, or None on a first visit)
-
-    def schedule(self, cfg, steps=None):
-        """This task's minibatch schedule under the algorithm config ``cfg`` and the system model."""
-        steps = cfg.local_steps if steps is None else steps
-        return batch_schedule(self.offsets[:, 0], self.train_sizes, self.rngs, cfg.batch_size,
-                              cfg.local_epochs, steps, self.local_steps, self.participation)
-
-    @property
-    def gradient_noise(self):
-        """(kind, scale, rngs) for local_sgd, or None."""
-        return None if self.noise is None else (*self.noise, self.rngs)
-
-    @property
-    def train_sizes(self) -> np.ndarray:
-        return self.offsets[:, 1] - self.offsets[:, 0]
+    params: torch.Tensor
+    opt: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    diagnostics: dict = field(default_factory=dict)
 
 
 @dataclass
 class ClientUpdates:
-    """Per-client results of one or more tasks, one row per client."""
+    """Per-client results of one or more tasks, one row per client. ``vector`` is what the
+    aggregator reduces; ``extras`` are the other vectors sent to the server; ``states`` are
+    the clients' new kept states (they never leave the client); ``diagnostics`` are
+    measurements for the logs that are not part of the protocol (not sent, not counted)."""
 
     client_ids: np.ndarray  # [C] int64
     samples: np.ndarray  # [C] training samples the client holds
-    train_loss: np.ndarray  # [C] mean minibatch loss of its local work
-    tensors: dict = field(default_factory=dict)  # name -> [C, ...] float tensor on CPU
+    train_loss: np.ndarray  # [C] mean loss of its local steps
+    vector: torch.Tensor  # [C, U] float, on CPU
+    extras: dict = field(default_factory=dict)  # name -> [C, ...]
+    states: dict = field(default_factory=dict)  # name -> [C, ...]
+    diagnostics: dict = field(default_factory=dict)  # name -> [C, ...]: read by the simulator, never sent
     compute_seconds: np.ndarray | None = None  # [C] wall seconds attributed to each client
     actor: np.ndarray | None = None  # [C] index of the actor that ran it
+
+    @property
+    def sent_per_client(self) -> int:
+        """Numbers each client sent to the server (the vector and the extras)."""
+        n = len(self.client_ids)
+        return sum(t.numel() // n for t in (self.vector, *self.extras.values())) if n else 0
 
     def first_nonfinite(self):
         """Index of the first client (in row order) with a non-finite loss or update, or None."""
         bad = ~np.isfinite(self.train_loss)
-        for tensor in self.tensors.values():
+        for tensor in (self.vector, *self.extras.values()):
             bad |= ~tensor.reshape(len(bad), -1).isfinite().all(1).numpy()
         hits = np.flatnonzero(bad)
         return int(hits[0]) if len(hits) else None
 
+    def _rows(self, index) -> "ClientUpdates":
+        take = lambda d: {k: t[index] for k, t in d.items()}
+        return ClientUpdates(self.client_ids[index], self.samples[index], self.train_loss[index], self.vector[index],
+                             take(self.extras), take(self.states), take(self.diagnostics), self.compute_seconds[index],
+                             self.actor[index])
+
     def split(self) -> list:
         """One ClientUpdates per row, in row order."""
-        return [ClientUpdates(self.client_ids[i:i + 1], self.samples[i:i + 1], self.train_loss[i:i + 1],
-                              {k: t[i:i + 1] for k, t in self.tensors.items()},
-                              self.compute_seconds[i:i + 1], self.actor[i:i + 1])
-                for i in range(len(self.client_ids))]
+        return [self._rows(slice(i, i + 1)) for i in range(len(self.client_ids))]
 
     @staticmethod
     def concat(parts: list) -> "ClientUpdates":
         """Join several tasks' results, sorted by client id (the aggregation order)."""
         ids = np.concatenate([p.client_ids for p in parts])
         order = np.argsort(ids, kind="stable")
-        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])[order]
-        tensors = {k: torch.cat([p.tensors[k] for p in parts])[torch.from_numpy(order)] for k in parts[0].tensors}
-        return ClientUpdates(ids[order], cat("samples"), cat("train_loss"), tensors,
-                             cat("compute_seconds"), cat("actor"))
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
+        tensors = lambda name: {k: torch.cat([getattr(p, name)[k] for p in parts]) for k in getattr(parts[0], name)}
+        joined = ClientUpdates(ids, cat("samples"), cat("train_loss"), torch.cat([p.vector for p in parts]),
+                               tensors("extras"), tensors("states"), tensors("diagnostics"), cat("compute_seconds"),
+                               cat("actor"))
+        return joined._rows(order)
 
 
 @dataclass
@@ -115,85 +117,265 @@ class Personalized:
     test_rows: np.ndarray
 
 
+@dataclass
+class RowData:
+    """A data set of rows on a host: every row's features and label, and each client's
+    (train start, test start, test end) row numbers."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    offsets: np.ndarray
+
+
+@dataclass
+class AlgorithmEnv:
+    """What an algorithm is built with besides its keys: the model (a FlatModel with its
+    personal/global split) and the scenario's ``model`` section, the number of registered
+    clients, the seed, and the quadratic problem when the data set is one (its smoothness
+    constants set step sizes)."""
+
+    model: object
+    model_cfg: object
+    num_clients: int
+    seed: int
+    problem: object = None
+
+    @property
+    def quadratic(self) -> bool:
+        return self.problem is not None
+
+
+@dataclass
+class ClientContext:
+    """What a task of C clients sees on the host that runs it, and the builders of its local
+    training: :meth:`plan`, :meth:`oracle`, :meth:`transform`."""
+
+    client_ids: np.ndarray  # [C]
+    rngs: list  # one numpy Generator per client, from (seed, purpose, client, task counter)
+    model: object  # FlatModel
+    data: object  # RowData, or the QuadraticProblem
+    device: torch.device
+    participation: np.ndarray | None = None  # [C] δ_k of unreliable clients (None: always compute)
+    local_steps: np.ndarray | None = None  # [C] heterogeneous E_k (> 0 overrides the algorithm's)
+    noise: tuple | None = None  # (kind, scale): perturbation of local gradients
+    states: list | None = None  # [C] each client's kept state (a dict of tensors, or None on a first visit)
+
+    @property
+    def quadratic(self) -> bool:
+        return not isinstance(self.data, RowData)
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        if self.quadratic:
+            return np.full(len(self.client_ids), self.data.n, dtype=np.int64)
+        offsets = self.data.offsets[self.client_ids]
+        return offsets[:, 1] - offsets[:, 0]
+
+    def plan(self, steps: int | None, batch_size: int = 1, epochs: int = 1, full_batch: bool = False) -> StepPlan:
+        """The task's local steps: minibatches of ``batch_size`` (``steps`` of them, or ``epochs``
+        passes when ``steps`` is None), or ``steps`` full-batch steps (always, on quadratic data).
+        The [SO] model's E_k and δ_k apply."""
+        if self.quadratic or full_batch:
+            return counted_plan(self.rngs, steps, self.local_steps, self.participation)
+        starts = self.data.offsets[self.client_ids, 0]
+        return minibatch_plan(starts, self.train_sizes, self.rngs, batch_size, epochs, steps, self.local_steps,
+                              self.participation)
+
+    def plan_from(self, cfg, steps: int | None = None, full_batch: bool = False) -> StepPlan:
+        """:meth:`plan` with an algorithm's keys (``local_steps``, ``batch_size``, ``local_epochs``)."""
+        steps = cfg.local_steps if steps is None else steps
+        return self.plan(steps, getattr(cfg, "batch_size", 1), getattr(cfg, "local_epochs", 1), full_batch)
+
+    def oracle(self, plan: StepPlan | None = None):
+        """The gradient oracle of these clients' data under ``plan`` (None: full gradients only)."""
+        if self.quadratic:
+            return QuadraticOracle(self.data, self.client_ids, plan)
+        return RowOracle(self.model, self.data.features, self.data.labels, self.data.offsets[self.client_ids],
+                         plan, self.device)
+
+    def transform(self, plan: StepPlan, lr, *terms: transforms.ClientTransform, weight_decay: float = 0.0,
+                  max_grad_norm: float | None = None, only: torch.Tensor | None = None) -> transforms.ClientTransform:
+        """The chain of a local step: the algorithm's ``terms`` (proximal, correction), gradient
+        clipping, weight decay, the [SO] model's noise and participation scaling, a mask of the
+        entries that move (``only``), and the step size ``lr``."""
+        parts = list(terms)
+        if max_grad_norm is not None:
+            parts.append(transforms.clip_by_norm(max_grad_norm))
+        if weight_decay:
+            parts.append(transforms.add_weight_decay(weight_decay))
+        if self.noise is not None:
+            parts.append(transforms.add_noise(*self.noise, self.rngs))
+        if plan.participation is not None:
+            parts.append(transforms.scale_by_participation(plan.participation.to(self.device)))
+        if only is not None:
+            parts.append(transforms.mask(only.to(self.device)))
+        parts.append(transforms.scale(lr))
+        return transforms.chain(*parts)
+
+    def start(self, payloads: list, key: str = "params") -> torch.Tensor:
+        """[C, P] rows of the payloads' ``key`` on this host's device (shared when all are one)."""
+        first = payloads[0][key]
+        if all(p[key] is first for p in payloads):
+            return first.to(self.device).expand(len(payloads), -1)
+        return torch.stack([p[key] for p in payloads]).to(self.device)
+
+    def kept(self, name: str, default: torch.Tensor) -> torch.Tensor:
+        """[C, ...]: each client's kept state ``name``, or its row of ``default`` on a first visit."""
+        states = self.states or [None] * len(self.client_ids)
+        rows = [d if s is None or name not in s else s[name].to(d) for s, d in zip(states, default)]
+        return torch.stack(rows)
+
+    def updates(self, result: LocalResult | torch.Tensor, vector: torch.Tensor, extras: dict | None = None,
+                states: dict | None = None, diagnostics: dict | None = None) -> ClientUpdates:
+        """ClientUpdates of these clients (``result``: their local training, or their losses [C])."""
+        loss = result.loss if isinstance(result, LocalResult) else result.double().cpu().numpy()
+        cpu = lambda d: {k: v.detach().cpu() for k, v in (d or {}).items()}
+        return ClientUpdates(self.client_ids, self.train_sizes, np.asarray(loss, dtype=np.float64),
+                             vector.detach().cpu(), cpu(extras), cpu(states), cpu(diagnostics))
+
+
 class Algorithm:
-    """Base class: holds the algorithm's config, the model's config and FlatModel (for the
-    parameter split); subclasses implement the interface. ``problem`` is the QuadraticProblem of
-    quadratic scenarios (its smoothness constants set step sizes with ``algorithm.lr_unit``),
-    ``num_clients`` the number of registered clients and ``seed`` the scenario's seed."""
+    """Base class of every algorithm; subclasses write :meth:`client_update` and, where the server
+    does more than apply the aggregated update, :meth:`server_direction`.
 
+    ``Keys`` is the dataclass of the algorithm's scenario keys (a custom algorithm declares its
+    own, see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients
+    keep state between visits; ``personalised``: the model has a personal part w that never
+    leaves the client (``model.personal``); ``gradients_per_step``: gradient evaluations per
+    local step, for the work a task declares."""
+
+    Keys = FedAvgKeys
     stateful = False
-    personalised = False  # partially personalised (FFGG): clients use their own fine-tuned w
+    personalised = False
+    gradients_per_step = 1
 
-    def __init__(self, cfg, model_cfg=None, model=None, problem=None, num_clients: int = 0, seed: int = 0):
-        self.cfg, self.model_cfg, self.model = cfg, model_cfg, model
-        self.problem, self.num_clients, self.seed = problem, num_clients, seed
+    def __init__(self, cfg, env: AlgorithmEnv):
+        self.cfg, self.env, self.model = cfg, env, env.model
+        self.server_optimizer = self.make_server_optimizer()
 
-    def init(self, params: torch.Tensor) -> dict:
-        raise NotImplementedError
+    # ------------------------------------------------------------------ server
 
-    def payload(self, state: dict) -> dict:
-        raise NotImplementedError
+    def make_server_optimizer(self) -> server_optimizers.ServerOptimizer:
+        """The configured server optimizer (plain SGD at ``server_lr`` when there is no choice)."""
+        lr = self.server_lr()
+        if hasattr(self.cfg, "server_optimizer"):
+            return server_optimizers.from_keys(self.cfg, lr)
+        return server_optimizers.sgd(lr)
 
-    def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
-        raise NotImplementedError
-
-    def aggregate(self, state: dict, updates: ClientUpdates, weights: np.ndarray) -> dict:
-        raise NotImplementedError
-
-    def global_params(self, state: dict) -> torch.Tensor:
-        return state["params"]
+    def server_lr(self) -> float:
+        return getattr(self.cfg, "server_lr", 1.0)
 
     def unit(self, constant: str) -> float:
         """The step-size unit: 1, or 1/``constant`` (a smoothness constant of the quadratic problem:
         L, L_w or L_f) with ``algorithm.lr_unit: inverse_smoothness``."""
-        if self.cfg.lr_unit == "absolute":
+        if getattr(self.cfg, "lr_unit", "absolute") == "absolute":
             return 1.0
-        return 1.0 / self.problem.smoothness()[constant]
+        return 1.0 / self.env.problem.smoothness()[constant]
 
-    def client_models(self, state: dict, client_state: dict):
+    @property
+    def update_index(self) -> torch.Tensor | None:
+        """Entries of the parameter vector that updates cover (None: all of them)."""
+        return self.model.global_index if self.personalised else None
+
+    def update_size(self) -> int:
+        index = self.update_index
+        return self.model.size if index is None else len(index)
+
+    def init(self, params: torch.Tensor) -> ServerState:
+        return ServerState(params.clone(), self.server_optimizer.init(self.update_size()), self.init_extra(params))
+
+    def init_extra(self, params: torch.Tensor) -> dict:
+        """The algorithm's own server state (SCAFFOLD's c, FedDyn's h, counters)."""
+        return {}
+
+    def payload(self, state: ServerState) -> dict:
+        return {"params": state.params}
+
+    def server_rule(self, state: ServerState):
+        """(entries the update covers, server optimizer) of the next server step."""
+        return self.update_index, self.server_optimizer
+
+    def server_direction(self, state: ServerState, aggregate: torch.Tensor, updates: ClientUpdates,
+                         weights: np.ndarray) -> tuple[torch.Tensor, dict, dict]:
+        """(direction handed to the server optimizer, new algorithm state, diagnostics) from the
+        aggregated update (float64). The default: the aggregate itself."""
+        return aggregate, state.extra, {}
+
+    def server_update(self, state: ServerState, updates: ClientUpdates, weights: np.ndarray) -> ServerState:
+        """One server step: aggregate (client-id order, float64), direction, optimizer, θ ← θ − step."""
+        index, optimizer = self.server_rule(state)
+        aggregate = weighted_mean(updates.vector, weights)
+        direction, extra, diagnostics = self.server_direction(state, aggregate, updates, weights)
+        step, opt = optimizer.update(direction, state.opt)
+        params = state.params.double()
+        if index is None:
+            params = params - step
+        else:
+            params = params.clone()
+            params[index] -= step
+        return ServerState(params.to(state.params.dtype), opt, extra, diagnostics)
+
+    def global_params(self, state: ServerState) -> torch.Tensor:
+        """The flat parameters to evaluate and save."""
+        return state.params
+
+    def client_models(self, state: ServerState, client_states: dict):
         """[M, P] per-client models for evaluation, or None when every client uses the global one."""
         return None
+
+    # ------------------------------------------------------------------ client
+
+    def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
+        raise NotImplementedError
+
+    def local_lr(self) -> float:
+        """The client's step size (``algorithm.lr``)."""
+        return self.cfg.lr
 
     def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float) -> Personalized:
         """Fine-tune the whole model (``steps`` SGD steps, or ``epochs`` local epochs when > 0) on
         each client, then test it there."""
-        start = stack_params(payloads, ctx.device)
-        return finetune_and_test(ctx, self._finetune_schedule(ctx, steps, epochs), start, lr,
-                                 self.cfg.weight_decay)
+        return self.finetune_and_test(ctx, ctx.start(payloads), steps, epochs, lr)
 
-    def _finetune_schedule(self, ctx: ClientContext, steps: int, epochs: int):
-        return batch_schedule(ctx.offsets[:, 0], ctx.train_sizes, ctx.rngs, self.cfg.batch_size,
-                              epochs, None if epochs > 0 else steps)
+    def finetune_and_test(self, ctx: ClientContext, start: torch.Tensor, steps: int, epochs: int, lr: float,
+                          only: torch.Tensor | None = None) -> Personalized:
+        """Fine-tune ``start`` [C, P] (only the ``only`` entries move) on each client's training
+        rows, then test each client's model on its own test rows."""
+        plan = ctx.plan(None if epochs > 0 else steps, getattr(self.cfg, "batch_size", 1), epochs)
+        weight_decay = getattr(self.cfg, "weight_decay", 0.0)
+        params = local_train(start, ctx.oracle(plan), ctx.transform(plan, lr, weight_decay=weight_decay,
+                                                                    only=only)).params
+        loss_sum, correct, rows = [], [], []
+        with torch.no_grad():
+            for p, (_, lo, hi) in zip(params, ctx.data.offsets[ctx.client_ids]):
+                logits = ctx.model.logits(p, ctx.data.features[lo:hi])
+                y = ctx.data.labels[lo:hi]
+                loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())
+                correct.append(int((logits.argmax(1) == y).sum()))
+                rows.append(int(hi - lo))
+        return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
 
+    # ------------------------------------------------------------------ cost
 
-def finetune_and_test(ctx: ClientContext, schedule, start: torch.Tensor, lr: float, weight_decay: float,
-                      update_mask: torch.Tensor | None = None) -> Personalized:
-    """Run ``schedule`` of SGD from ``start`` ([C, P]; only ``update_mask`` entries move), then
-    test each client's model on its own test rows."""
-    params, _ = local_sgd(ctx.model, start, ctx.features, ctx.labels, schedule, lr, weight_decay,
-                          update_mask=update_mask)
-    loss_sum, correct, rows = [], [], []
-    with torch.no_grad():
-        for p, (_, lo, hi) in zip(params, ctx.offsets):
-            logits = ctx.model.logits(p, ctx.features[lo:hi])
-            y = ctx.labels[lo:hi]
-            loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())
-            correct.append(int((logits.argmax(1) == y).sum()))
-            rows.append(int(hi - lo))
-    return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
+    def local_steps_of(self, sizes: np.ndarray, client_steps: np.ndarray) -> np.ndarray:
+        """Local steps per client (E_k when the [SO] model sets one), or NaN where epochs decide."""
+        steps = self.cfg.local_steps
+        fallback = np.full(len(sizes), np.nan if steps is None else float(steps))
+        return np.where(client_steps > 0, client_steps, fallback)
 
+    def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
+        """Samples a task processes, per client (the system model's compute time is work ÷ speed):
+        ``gradients_per_step`` times the local steps' samples."""
+        return self.gradients_per_step * self.local_samples(sizes, client_steps)
 
-def stack_params(payloads: list, device) -> torch.Tensor:
-    """[C, P] starting parameters, one row per client's payload (shared rows when all are equal)."""
-    first = payloads[0]["params"]
-    if all(p["params"] is first for p in payloads):
-        return first.to(device).expand(len(payloads), -1)
-    return torch.stack([p["params"] for p in payloads]).to(device)
+    def local_samples(self, sizes: np.ndarray, client_steps: np.ndarray, full_batch: bool = False) -> np.ndarray:
+        """Samples that one pass of local steps touches: steps × batch (the whole training set per
+        step for full-batch and exact gradients), or epochs × rows."""
+        steps = self.local_steps_of(sizes, client_steps)
+        per_step = sizes if (full_batch or self.env.quadratic) else np.minimum(getattr(self.cfg, "batch_size", 1), sizes)
+        epochs = getattr(self.cfg, "local_epochs", 1) * sizes
+        return np.where(np.isnan(steps), epochs, np.nan_to_num(steps) * per_step).astype(np.float64)
 
-
-def weighted_sum(vectors: torch.Tensor, weights: np.ndarray) -> torch.Tensor:
-    """Σ_k weights[k]·vectors[k] in float64, accumulated in row order (client-id order)."""
-    acc = torch.zeros(vectors.shape[1:], dtype=torch.float64)
-    for w, v in zip(weights.tolist(), vectors):
-        acc.add_(v.double(), alpha=w)
-    return acc
+    def upload_size(self, payload: dict) -> int:
+        """Numbers each client sends to the server per task (the update's entries)."""
+        return self.update_size()

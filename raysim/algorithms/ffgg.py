@@ -1,4 +1,5 @@
-"""The FFGG family of partially personalised FL (Mishchenko et al., ALGORITHMS.md §3).
+"""The FFGG family of partially personalised FL (Mishchenko et al., "Partially Personalized
+Federated Learning: Breaking the Curse of Data Heterogeneity").
 
 Parameters split into global θ and personal w (``model.personal``); w never leaves the
 client: updates carry θ entries only. FFGG (Algorithm 1) fine-tunes w and returns the
@@ -12,10 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, finetune_and_test, stack_params, weighted_sum
-from raysim.algorithms.gradients import LocalGradients, full_gradient, mean_loss
-from raysim.algorithms.local_sgd import local_sgd
-from raysim.algorithms.server_optimizer import init_server_optimizer, server_step
+from raysim.algorithms import server_optimizers
+from raysim.algorithms.aggregators import weighted_mean
+from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, ServerState
+from raysim.algorithms.keys import FFGGKeys, LocalFFGGKeys
+from raysim.algorithms.local import local_train
 from raysim.models.split import init_personal
 
 
@@ -27,20 +29,17 @@ class FFGG(Algorithm):
     only) — with step γ_w = ``personal_lr`` (null: ``lr``); then Δ = ∇_θ f_m(θ, w) over its
     training data. Server: θ ← θ − γ_θ·Σ p_m Δ_m with γ_θ = ``server_lr`` through
     ``server_optimizer``. With ``lr_unit: inverse_smoothness`` γ_θ is in units of 1/L and γ_w
-    of 1/L_w. ``grad_norm_sq`` (‖Σ p_m Δ_m‖², an estimate of ‖F(θ)‖²) is kept in the state."""
+    of 1/L_w. The diagnostic ``grad_norm_sq`` is ‖Σ p_m Δ_m‖², an estimate of ‖F(θ)‖²."""
 
+    Keys = FFGGKeys
     personalised = True
 
     @property
     def stateful(self) -> bool:
-        return self.model_cfg.personal_state == "stateful"
+        return self.env.model_cfg.personal_state == "stateful"
 
-    def init(self, params: torch.Tensor) -> dict:
-        return {"params": params.clone(), "grad_norm_sq": torch.tensor(float("nan"), dtype=torch.float64),
-                **init_server_optimizer(self.cfg, len(self.model.global_index))}
-
-    def payload(self, state: dict) -> dict:
-        return {"params": state["params"]}
+    def server_lr(self) -> float:
+        return self.cfg.server_lr * self.unit("L")
 
     @property
     def personal_lr(self) -> float:
@@ -49,62 +48,43 @@ class FFGG(Algorithm):
     def start_personal(self, ctx: ClientContext, start: torch.Tensor) -> torch.Tensor:
         """[C, P]: the payload's θ with each client's starting w (kept, or freshly initialised)."""
         model = ctx.model
-        fresh = init_personal(model, model.personal, start[0], ctx.rngs, self.model_cfg.personal_init).to(start)
+        fresh = init_personal(model, model.personal, start[0], ctx.rngs, self.env.model_cfg.personal_init).to(start)
         params = start.clone()
         idx = model.personal_index.to(start.device)
         params[:, idx] = fresh[:, idx]
-        if self.stateful and ctx.states is not None:
-            for c, kept in enumerate(ctx.states):
-                if kept is not None:
-                    params[c, idx] = kept.to(params)
+        if self.stateful:
+            params[:, idx] = ctx.kept("w", params[:, idx])
         return params
 
     def finetune(self, ctx: ClientContext, params: torch.Tensor) -> torch.Tensor:
         """Fine-tune the personal entries of ``params`` [C, P] with ``algorithm.finetuner``."""
-        how, problem = self.cfg.finetuner, ctx.problem
-        if problem is not None and how in ("cg", "exact"):
-            d = problem.d_theta
-            theta = params[:, :d]
-            w = (problem.best_w(ctx.client_ids, theta) if how == "exact"
-                 else problem.cg_w(ctx.client_ids, theta, params[:, d:], self.cfg.local_steps))
-            return torch.cat([theta, w], 1)
-        if problem is not None:
-            d = problem.d_theta
-            return torch.cat([params[:, :d], problem.gd_w(ctx.client_ids, params[:, :d], params[:, d:],
-                                                           self.cfg.local_steps, self.personal_lr)], 1)
-        final, _ = local_sgd(ctx.model, params, ctx.features, ctx.labels, ctx.schedule(self.cfg), self.personal_lr,
-                             self.cfg.weight_decay, ctx.gradient_noise, update_mask=ctx.model.personal)
-        return final
+        if self.cfg.finetuner in ("cg", "exact"):
+            return ctx.oracle().solve_personal(params, self.cfg.finetuner, self.cfg.local_steps)
+        plan = ctx.plan_from(self.cfg)
+        step = ctx.transform(plan, self.personal_lr, weight_decay=self.cfg.weight_decay,
+                             max_grad_norm=self.cfg.max_grad_norm, only=ctx.model.personal)
+        return local_train(params, ctx.oracle(plan), step).params
+
+    def kept_states(self, ctx: ClientContext, params: torch.Tensor) -> dict:
+        return {"w": params[:, ctx.model.personal_index.to(params.device)]} if self.stateful else {}
 
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
-        params = self.finetune(ctx, self.start_personal(ctx, stack_params(payloads, ctx.device)))
-        grads, loss = full_gradient(ctx, params)
-        return self._updates(ctx, params, loss.double().cpu().numpy(), grads[:, ctx.model.global_index])
+        params = self.finetune(ctx, self.start_personal(ctx, ctx.start(payloads)))
+        grads, loss = ctx.oracle().full_gradient(params)
+        glob = ctx.model.global_index.to(params.device)
+        return ctx.updates(loss, grads[:, glob], states=self.kept_states(ctx, params))
 
-    def _updates(self, ctx, params, loss, delta) -> ClientUpdates:
-        tensors = {"delta": delta.detach().cpu()}
-        if self.stateful:
-            tensors["state"] = params[:, ctx.model.personal_index].detach().cpu()
-        return ClientUpdates(ctx.client_ids, ctx.train_sizes, loss, tensors)
-
-    def aggregate(self, state: dict, updates: ClientUpdates, weights: np.ndarray) -> dict:
-        mean_delta = weighted_sum(updates.tensors["delta"], weights)
-        return {**state, **self._apply_global(state, mean_delta, self.cfg.server_lr * self.unit("L")),
-                "grad_norm_sq": mean_delta.square().sum()}
-
-    def _apply_global(self, state: dict, mean_delta: torch.Tensor, lr: float) -> dict:
-        """θ entries moved by the server optimiser; the personal entries of the server copy stay."""
-        opt = {k: v for k, v in state.items() if k.startswith("adam_")}
-        step, opt = server_step(self.cfg, opt, mean_delta, lr)
-        params = state["params"].double().clone()
-        params[self.model.global_index] -= step
-        return {"params": params.to(state["params"].dtype), **opt}
+    def server_direction(self, state, aggregate, updates, weights):
+        return aggregate, state.extra, {"grad_norm_sq": float(aggregate.square().sum())}
 
     def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float):
         """Fine-tune w only (from its start, as in training) on each client, then test there."""
-        start = self.start_personal(ctx, stack_params(payloads, ctx.device))
-        return finetune_and_test(ctx, self._finetune_schedule(ctx, steps, epochs), start, lr,
-                                 self.cfg.weight_decay, update_mask=ctx.model.personal)
+        start = self.start_personal(ctx, ctx.start(payloads))
+        return self.finetune_and_test(ctx, start, steps, epochs, lr, only=ctx.model.personal)
+
+    def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
+        """The fine-tuning steps' samples plus one pass over the training rows (the partial gradient)."""
+        return self.local_samples(sizes, client_steps) + sizes
 
 
 class LocalFFGG(FFGG):
@@ -115,41 +95,54 @@ class LocalFFGG(FFGG):
     ``server_lr``. ``grad_norm_sq`` is ‖Σ p_m ∇_θ f_m(θ_r, w_m)‖² at the fine-tuned w_m (the FFGG
     direction), an estimate of ‖F(θ_r)‖²."""
 
-    def init(self, params: torch.Tensor) -> dict:
-        return {**super().init(params), "round": torch.tensor(0)}
+    Keys = LocalFFGGKeys
 
-    def payload(self, state: dict) -> dict:
-        return {"params": state["params"], "pretrain": torch.tensor(int(state["round"]) < self.cfg.pretrain_rounds)}
+    def server_lr(self) -> float:
+        return self.cfg.server_lr
+
+    def init_extra(self, params: torch.Tensor) -> dict:
+        return {"round": torch.tensor(0)}
+
+    def pretraining(self, state: ServerState) -> bool:
+        return int(state.extra["round"]) < self.cfg.pretrain_rounds
+
+    def payload(self, state: ServerState) -> dict:
+        return {"params": state.params, "pretrain": torch.tensor(self.pretraining(state))}
 
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
         cfg = self.cfg
-        start = stack_params(payloads, ctx.device)
-        if bool(payloads[0]["pretrain"]):
-            final, loss = local_sgd(ctx.model, start, ctx.features, ctx.labels, ctx.schedule(cfg),
-                                    cfg.pretrain_lr or cfg.lr, cfg.weight_decay, ctx.gradient_noise)
-            return ClientUpdates(ctx.client_ids, ctx.train_sizes, loss.cpu().numpy(),
-                                 {"model_delta": (start - final).cpu()})
+        start = ctx.start(payloads)
+        plan = ctx.plan_from(cfg)
+        if bool(payloads[0]["pretrain"]):  # FedAvg on the whole model
+            step = ctx.transform(plan, cfg.pretrain_lr or cfg.lr, weight_decay=cfg.weight_decay,
+                                 max_grad_norm=cfg.max_grad_norm)
+            result = local_train(start, ctx.oracle(plan), step)
+            return ctx.updates(result, start - result.params)
         params = self.finetune(ctx, self.start_personal(ctx, start))
         glob = ctx.model.global_index.to(ctx.device)
-        partial, _ = full_gradient(ctx, params)
-        personal = ctx.model.personal.to(params)
-        grads, losses = LocalGradients(ctx, cfg), []
-        lr = cfg.lr * self.unit("L")
-        for s in range(grads.num_steps):
-            g, loss, scale = grads.at(params, s)
-            params = params - (self.personal_lr * scale)[:, None] * g * personal
-            g, _, scale = grads.at(params, s)
-            params = params - (lr * scale)[:, None] * (g + cfg.weight_decay * params) * (1 - personal)
-            losses.append(loss)
-        updates = self._updates(ctx, params, mean_loss(losses), (start - params)[:, glob])
-        updates.tensors["partial_grad"] = partial[:, glob].detach().cpu()
-        return updates
+        partial, _ = ctx.oracle().full_gradient(params)
+        personal = ctx.model.personal
+        w_step = ctx.transform(plan, self.personal_lr, only=personal)
+        theta_step = ctx.transform(plan, cfg.lr * self.unit("L"), weight_decay=cfg.weight_decay,
+                                   max_grad_norm=cfg.max_grad_norm, only=~personal)
+        result = local_train(params, ctx.oracle(plan), w_step, theta_step)
+        return ctx.updates(result, (start - result.params)[:, glob], states=self.kept_states(ctx, result.params),
+                           diagnostics={"partial_grad": partial[:, glob]})
 
-    def aggregate(self, state: dict, updates: ClientUpdates, weights: np.ndarray) -> dict:
-        step = state["round"] + 1
-        if "model_delta" in updates.tensors:  # FedAvg pre-training
-            params = state["params"].double() - self.cfg.server_lr * weighted_sum(updates.tensors["model_delta"], weights)
-            return {**state, "params": params.to(state["params"].dtype), "round": step}
-        mean_delta = weighted_sum(updates.tensors["delta"], weights)
-        return {**state, **self._apply_global(state, mean_delta, self.cfg.server_lr), "round": step,
-                "grad_norm_sq": weighted_sum(updates.tensors["partial_grad"], weights).square().sum()}
+    def server_rule(self, state: ServerState):
+        if self.pretraining(state):
+            return None, server_optimizers.sgd(self.cfg.server_lr)
+        return super().server_rule(state)
+
+    def server_direction(self, state, aggregate, updates, weights):
+        extra = {"round": state.extra["round"] + 1}
+        if self.pretraining(state):
+            return aggregate, extra, {}
+        partial = weighted_mean(updates.diagnostics["partial_grad"], weights)
+        return aggregate, extra, {"grad_norm_sq": float(partial.square().sum())}
+
+    def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
+        """Pre-training: the local steps' samples; then fine-tuning plus two gradients per
+        alternating step."""
+        samples = self.local_samples(sizes, client_steps)
+        return samples if bool(payload["pretrain"]) else 3 * samples

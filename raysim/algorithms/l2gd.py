@@ -1,16 +1,17 @@
-"""L2GD (Hanzely & Richtárik 2020), the fully personalised baseline of the FFGG paper's
-comparison (ALGORITHMS.md §5.3 Exp B, §6 item 18): each client keeps its own model x_m."""
+"""L2GD (Hanzely & Richtárik, "Federated Learning of a Mixture of Global and Local Models",
+2020), the fully personalised baseline of the FFGG paper's comparison: each client keeps its
+own model x_m."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, stack_params, weighted_sum
-from raysim.algorithms.local_gd import local_steps
-from raysim.engine import rng
+from raysim.algorithms.aggregators import weighted_mean
+from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, ServerState
+from raysim.algorithms.keys import L2GDKeys
+from raysim.algorithms.local import local_train
+from raysim.streams import Purpose, stream
 
 
 class L2GD(Algorithm):
@@ -22,6 +23,7 @@ class L2GD(Algorithm):
     x_m, the server averages them into x̄. α = ``lr`` (with ``lr_unit: inverse_smoothness``, in
     units of the paper's 1/(2𝓛), 𝓛 = max{L_f/(1−p), λ/p}/M). Needs full participation."""
 
+    Keys = L2GDKeys
     stateful = True
 
     @property
@@ -30,32 +32,40 @@ class L2GD(Algorithm):
 
     def steps(self) -> tuple[float, float]:
         """(local step size, averaging weight)."""
-        p, lam, m = self.p, self.cfg.penalty, self.num_clients
+        p, lam, m = self.p, self.cfg.penalty, self.env.num_clients
         alpha = self.cfg.lr
         if self.cfg.lr_unit != "absolute":
-            alpha *= m / (2 * max(self.problem.smoothness()["L_f"] / (1 - p), lam / p))
+            alpha *= m / (2 * max(self.env.problem.smoothness()["L_f"] / (1 - p), lam / p))
         return alpha / (m * (1 - p)), alpha * lam / (m * p)
 
-    def init(self, params: torch.Tensor) -> dict:
-        return {"params": params.clone(), "round": torch.tensor(0)}
+    def init_extra(self, params: torch.Tensor) -> dict:
+        return {"round": torch.tensor(0)}
 
-    def payload(self, state: dict) -> dict:
-        coins = rng.stream(self.seed, rng.L2GD_COINS, int(state["round"]))
-        return {"params": state["params"], "averagings": torch.tensor(int(coins.geometric(1 - self.p))),
+    def payload(self, state: ServerState) -> dict:
+        coins = stream(self.env.seed, Purpose.L2GD_COINS, int(state.extra["round"]))
+        return {"params": state.params, "averagings": torch.tensor(int(coins.geometric(1 - self.p))),
                 "local_steps": torch.tensor(int(coins.geometric(self.p)))}
 
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
-        mean = stack_params(payloads, ctx.device)
-        x = torch.stack([mean[c] if s is None else s.to(mean) for c, s in enumerate(ctx.states or [None] * len(mean))])
+        mean = ctx.start(payloads)
         lr, weight = self.steps()
+        x = ctx.kept("model", mean)
         x = mean + (1 - weight) ** int(payloads[0]["averagings"]) * (x - mean)
-        x, loss, _ = local_steps(ctx, replace(self.cfg, local_steps=int(payloads[0]["local_steps"])), x, lr)
-        return ClientUpdates(ctx.client_ids, ctx.train_sizes, loss, {"model": x.cpu(), "state": x.cpu()})
+        plan = ctx.plan(int(payloads[0]["local_steps"]), self.cfg.batch_size)
+        result = local_train(x, ctx.oracle(plan), ctx.transform(plan, lr, weight_decay=self.cfg.weight_decay,
+                                                                max_grad_norm=self.cfg.max_grad_norm))
+        return ctx.updates(result, result.params, states={"model": result.params})
 
-    def aggregate(self, state: dict, updates: ClientUpdates, weights: np.ndarray) -> dict:
-        mean = weighted_sum(updates.tensors["model"], weights).to(state["params"].dtype)
-        return {"params": mean, "round": state["round"] + 1}
+    def server_update(self, state: ServerState, updates: ClientUpdates, weights: np.ndarray) -> ServerState:
+        """x̄ ← the weighted mean of the clients' models (no server optimizer)."""
+        mean = weighted_mean(updates.vector, weights).to(state.params.dtype)
+        return ServerState(mean, state.opt, {"round": state.extra["round"] + 1}, {})
 
-    def client_models(self, state: dict, client_state: dict):
-        return torch.stack([client_state.get(m, state["params"]) for m in range(self.num_clients)])
+    def client_models(self, state: ServerState, client_states: dict):
+        return torch.stack([client_states[m]["model"] if m in client_states else state.params
+                            for m in range(self.env.num_clients)])
 
+    def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
+        steps = np.where(client_steps > 0, client_steps, int(payload["local_steps"]))
+        per_step = sizes if self.env.quadratic else np.minimum(self.cfg.batch_size, sizes)
+        return (steps * per_step).astype(np.float64)

@@ -1,41 +1,58 @@
-"""SCAFFOLD (Karimireddy et al. 2020), option II control variates: a stateful baseline of the
-FFGG paper's comparison (ALGORITHMS.md §5.3 Exp B)."""
+"""SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
+Learning", 2020), option II control variates: a stateful baseline of the FFGG paper's comparison."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, stack_params, weighted_sum
-from raysim.algorithms.local_gd import local_step_size, local_steps
+from raysim.algorithms.aggregators import weighted_mean
+from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates
+from raysim.algorithms.keys import ScaffoldKeys
+from raysim.algorithms.local import local_train
+from raysim.algorithms.transforms import add_correction
 
 
 class Scaffold(Algorithm):
-    """Client i (state: control variate c_i, zero at first): y ← y − η_l(g_i(y) − c_i + c) for
-    ``local_steps`` steps (η_l as Local GD's step), c_i⁺ = c_i − c + (x − y)/(K η_l). Server:
-    x ← x − η_g·Σ p_i (x − y_i) with η_g = ``server_lr``; c ← c + (|S|/N)·mean(c_i⁺ − c_i)."""
+    """Client i (state: control variate c_i, zero at first): y ← y − η_l(g_i(y) − c_i + c) for its
+    local steps (minibatches, or exact gradients on a quadratic; η_l = ``lr``, with ``lr_unit:
+    inverse_smoothness`` in units of 1/(L_f·local_steps)), c_i⁺ = c_i − c + (x − y)/(K_i η_l) with
+    K_i its number of steps; it sends x − y and c_i⁺ − c_i (two model-sized vectors). Server:
+    x ← x − η_g·Σ p_i (x − y_i) through ``server_optimizer`` (η_g = ``server_lr``);
+    c ← c + (1/N)·Σ_i (c_i⁺ − c_i) over the step's clients, N the number of registered clients."""
 
+    Keys = ScaffoldKeys
     stateful = True
 
-    def init(self, params: torch.Tensor) -> dict:
-        return {"params": params.clone(), "control": torch.zeros_like(params)}
+    def local_lr(self) -> float:
+        if self.unit("L_f") == 1.0:
+            return self.cfg.lr
+        return self.cfg.lr * self.unit("L_f") / self.cfg.local_steps
 
-    def payload(self, state: dict) -> dict:
-        return {"params": state["params"], "control": state["control"]}
+    def init_extra(self, params: torch.Tensor) -> dict:
+        return {"control": torch.zeros_like(params)}
+
+    def payload(self, state) -> dict:
+        return {"params": state.params, "control": state.extra["control"]}
 
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
-        x = stack_params(payloads, ctx.device)
-        c = torch.stack([p["control"] for p in payloads]).to(x)
-        c_i = torch.stack([torch.zeros_like(x[0]) if s is None else s.to(x) for s in ctx.states or [None] * len(x)])
-        lr = local_step_size(self)
-        y, loss, steps = local_steps(ctx, self.cfg, x, lr, correction=c - c_i)
-        c_new = c_i - c + (x - y) / (steps * lr)
-        return ClientUpdates(ctx.client_ids, ctx.train_sizes, loss,
-                             {"delta": (x - y).cpu(), "dcontrol": (c_new - c_i).cpu(), "state": c_new.cpu()})
+        cfg, lr = self.cfg, self.local_lr()
+        x = ctx.start(payloads)
+        c = ctx.start(payloads, "control")
+        c_i = ctx.kept("control", torch.zeros_like(x))
+        plan = ctx.plan_from(cfg)
+        step = ctx.transform(plan, lr, add_correction(c - c_i), weight_decay=cfg.weight_decay,
+                             max_grad_norm=cfg.max_grad_norm)
+        result = local_train(x, ctx.oracle(plan), step)
+        steps = torch.as_tensor(result.steps, dtype=x.dtype, device=x.device).clamp_min(1)[:, None]
+        c_new = c_i - c + (x - result.params) / (steps * lr)
+        return ctx.updates(result, x - result.params, extras={"dcontrol": c_new - c_i}, states={"control": c_new})
 
-    def aggregate(self, state: dict, updates: ClientUpdates, weights: np.ndarray) -> dict:
-        dtype = state["params"].dtype
-        params = state["params"].double() - self.cfg.server_lr * weighted_sum(updates.tensors["delta"], weights)
-        k = len(updates.client_ids)
-        dcontrol = weighted_sum(updates.tensors["dcontrol"], np.full(k, 1.0 / self.num_clients))
-        return {"params": params.to(dtype), "control": (state["control"].double() + dcontrol).to(dtype)}
+    def server_direction(self, state, aggregate, updates, weights):
+        control = state.extra["control"]
+        share = np.full(len(updates.client_ids), 1.0 / self.env.num_clients)
+        moved = control.double() + weighted_mean(updates.extras["dcontrol"], share)
+        return aggregate, {"control": moved.to(control.dtype)}, {}
+
+    def upload_size(self, payload: dict) -> int:
+        return 2 * self.update_size()

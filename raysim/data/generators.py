@@ -12,6 +12,7 @@ from raysim.data._checks import check_num_clients, check_test_fraction
 from raysim.data.federated import FederatedDataset
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
+from raysim.streams import Purpose, stream
 
 _DIM, _CLASSES = 60, 10
 
@@ -19,13 +20,14 @@ _DIM, _CLASSES = 60, 10
 def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
     """Gaussian-mixture benchmark: 10 classes in 60 dimensions, shifted and label-skewed per client.
 
-    Class means ``mu ~ default_rng(seed).normal(0, 0.3, (10, 60))``. Client ``k`` draws from
+    Class means ``mu ~ N(0, 0.3^2)`` of shape ``(10, 60)`` from the stream
+    ``Purpose.GAUSSIAN_MIXTURE_MEANS`` (see :mod:`raysim.streams`). Client ``k`` draws from
     ``default_rng([seed, k])``, in order: a shift ``s ~ N(0, 0.5^2 I)``, label mixture
     ``p ~ Dirichlet(0.5 * 1)``, ``n_k + 10`` labels ``y ~ p`` and ``x = mu_y + s + N(0, I)``
     with ``n_k = 50 + (37 k mod 151)``. The first ``n_k`` rows train, the last 10 test.
     """
     num_clients = check_num_clients(num_clients)
-    means = np.random.default_rng(seed).normal(0.0, 0.3, size=(_CLASSES, _DIM))
+    means = stream(seed, Purpose.GAUSSIAN_MIXTURE_MEANS).normal(0.0, 0.3, size=(_CLASSES, _DIM))
     n_test = 10
     train_sizes = 50 + (37 * np.arange(num_clients, dtype=np.int64)) % 151
     ends = np.cumsum(train_sizes + n_test)
@@ -59,7 +61,7 @@ def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
                    test_fraction: float) -> FederatedDataset:
     """LEAF/FedProx Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes.
 
-    Client ``k`` draws from ``default_rng([seed, k])``, in order: ``n_k = int(lognormal(4, 2)) + 50``,
+    Client ``k`` draws from the stream ``(Purpose.LEAF_SYNTHETIC, k)``, in order: ``n_k = int(lognormal(4, 2)) + 50``,
     ``u_k ~ N(0, alpha)``, ``B_k ~ N(0, beta)`` (alpha, beta are variances), ``W_k`` (10x60) and
     ``b_k`` ``~ N(u_k, 1)``, ``v_k ~ N(B_k, 1)``, then ``x ~ N(v_k, diag(j^-1.2))`` and
     ``y = argmax(W_k x + b_k)``. The first ``max(1, n_k - round(test_fraction n_k))`` rows train.
@@ -72,7 +74,7 @@ def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
     std_x = np.arange(1, _DIM + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
     xs, ys, train_sizes, test_sizes = [], [], [], []
     for k in range(num_clients):
-        rng = np.random.default_rng([seed, k])
+        rng = stream(seed, Purpose.LEAF_SYNTHETIC, k)
         n = int(rng.lognormal(4.0, 2.0)) + 50
         u = rng.normal(0.0, np.sqrt(alpha))
         b_mean = rng.normal(0.0, np.sqrt(beta))
@@ -92,8 +94,8 @@ def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
 def _digits_writer_style(seed: int, k: int) -> tuple[float, float, int, int]:
     """Client ``k``'s feature shift: gain ``g ~ U[0.6, 1.4]``, offset ``o ~ U[-0.2, 0.2]`` and a
     translation ``dy, dx`` each uniform in ``{-1, 0, 1}``, drawn in that order from
-    ``default_rng([seed, 11, k])``."""
-    rng = np.random.default_rng([seed, 11, k])
+    the stream ``(Purpose.DIGITS_STYLE, k)``."""
+    rng = stream(seed, Purpose.DIGITS_STYLE, k)
     gain = float(rng.uniform(0.6, 1.4))
     offset = float(rng.uniform(-0.2, 0.2))
     dy, dx = (int(v) for v in rng.integers(-1, 2, size=2))
@@ -102,8 +104,8 @@ def _digits_writer_style(seed: int, k: int) -> tuple[float, float, int, int]:
 
 def _digits_writer_labels(seed: int, k: int) -> np.ndarray:
     """Client ``k``'s concept shift: a permutation ``pi`` of the 10 labels (``y' = pi[y]``),
-    ``default_rng([seed, 12, k]).permutation(10)``."""
-    return np.random.default_rng([seed, 12, k]).permutation(10)
+    drawn from the stream ``(Purpose.DIGITS_LABELS, k)``."""
+    return stream(seed, Purpose.DIGITS_LABELS, k).permutation(10)
 
 
 def _translate(images: np.ndarray, dy: int, dx: int) -> np.ndarray:

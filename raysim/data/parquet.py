@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from raysim.data._checks import check_test_fraction
 from raysim.data.federated import FederatedDataset
 from raysim.errors import ScenarioError
+from raysim.streams import Purpose, stream
 
 SPLIT_COLUMN = "split"
 
@@ -119,7 +120,7 @@ def load_parquet(path: str, label_column: str, client_column: str, feature_colum
         split = _split_flags(_array(table, SPLIT_COLUMN), path)
         order = np.lexsort((split, client))  # stable: keeps file order inside each part
     else:
-        rng = np.random.default_rng(seed)
+        rng = stream(seed, Purpose.PARQUET_SPLIT)
         order = np.lexsort((rng.permutation(len(client)), client))
         sizes = np.bincount(client, minlength=num_clients)
         n_test = np.minimum(np.round(test_fraction * sizes), sizes - 1).astype(np.int64)

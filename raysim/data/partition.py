@@ -12,6 +12,7 @@ import numpy as np
 
 from raysim.data._checks import check_count, check_num_clients, check_test_fraction
 from raysim.errors import ScenarioError
+from raysim.streams import Purpose, stream
 
 PARTITIONERS: dict[str, str] = {
     "dirichlet": "per-class Dirichlet(alpha) label skew, Hsu et al. 2019 (keys: alpha)",
@@ -41,7 +42,7 @@ def iid(labels: np.ndarray, num_clients: int, test_fraction: float, seed: int) -
     if num_clients > len(labels):
         raise ScenarioError("data.num_clients", num_clients,
                             f"at most {len(labels)} (the number of samples) for the iid partition")
-    rng = np.random.default_rng(seed)
+    rng = stream(seed, Purpose.PARTITION)
     parts = np.array_split(rng.permutation(len(labels)), num_clients)
     return split_train_test(parts, test_fraction, rng)
 
@@ -52,7 +53,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction:
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
         raise ScenarioError("data.partition.alpha", alpha, "a number > 0")
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
+    rng = stream(seed, Purpose.PARTITION)
     by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     concentration = np.full(num_clients, float(alpha))
     for _ in range(max_draws):
@@ -82,7 +83,7 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, test_fr
                             f"at most {len(labels) // num_clients} so that {num_clients} clients' "
                             f"shards fit in {len(labels)} samples")
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
+    rng = stream(seed, Purpose.PARTITION)
     shuffled = rng.permutation(len(labels))
     order = shuffled[np.argsort(labels[shuffled], kind="stable")]
     pieces = np.array_split(order, num_shards)
@@ -107,7 +108,7 @@ def pathological(labels: np.ndarray, num_clients: int, per_class: int, test_per_
     per_class = check_count("data.partition.per_class", per_class, 1)
     test_per_class = check_count("data.partition.test_per_class", test_per_class, 0)
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
+    rng = stream(seed, Purpose.PARTITION)
     pools = {"train": {}, "test": {}}
     for c in range(10):
         idx = rng.permutation(np.flatnonzero(labels == c))

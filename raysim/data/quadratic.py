@@ -36,6 +36,7 @@ import torch
 
 from raysim.data._checks import check_count, check_num_clients
 from raysim.data.federated import _single_array
+from raysim.streams import Purpose, stream
 
 STATS = ("P", "q", "C", "D", "e", "c")
 _META_KEYS = ("n", "d_theta", "d_w", "num_clients")
@@ -45,18 +46,18 @@ def generate_quadratic(num_clients: int, n: int, d_theta: int, d_w: int, seed: i
                        realizable: bool = False) -> QuadraticProblem:
     """Draw the FFGG quadratic problem and reduce it to sufficient statistics.
 
-    Client ``m`` draws from ``rng = default_rng([seed, 7, m])``, in order,
+    Client ``m`` draws from the stream ``(Purpose.QUADRATIC_CLIENT, m)``, in order,
     ``H = rng.random((n, d_theta)) / d_theta``, ``A = rng.random((n, d_theta)) / d_theta`` and
     ``B = rng.random((n, d_w)) / d_w``, then ``b = rng.random(n)`` and ``y = rng.random(n)``.
     With ``realizable=True`` it draws ``w_true = rng.random(d_w)`` instead and sets
-    ``b = H theta_true``, ``y = A theta_true + B w_true`` where the shared
-    ``theta_true = default_rng([seed, 8]).random(d_theta)``, so every ``f_m`` has minimum 0.
+    ``b = H theta_true``, ``y = A theta_true + B w_true``, where the shared ``theta_true`` is
+    U[0, 1]^d_theta from the stream ``Purpose.QUADRATIC_PLANT``, so every ``f_m`` has minimum 0.
     """
     num_clients = check_num_clients(num_clients)
     n = check_count("data.n", n, 1)
     d_theta = check_count("data.d_theta", d_theta, 1)
     d_w = check_count("data.d_w", d_w, 1)
-    theta_true = np.random.default_rng([seed, 8]).random(d_theta) if realizable else None
+    theta_true = stream(seed, Purpose.QUADRATIC_PLANT).random(d_theta) if realizable else None
     P = np.empty((num_clients, d_theta, d_theta))
     q = np.empty((num_clients, d_theta))
     C = np.empty((num_clients, d_theta, d_w))
@@ -64,7 +65,7 @@ def generate_quadratic(num_clients: int, n: int, d_theta: int, d_w: int, seed: i
     e = np.empty((num_clients, d_w))
     c = np.empty(num_clients)
     for m in range(num_clients):
-        rng = np.random.default_rng([seed, 7, m])
+        rng = stream(seed, Purpose.QUADRATIC_CLIENT, m)
         H = rng.random((n, d_theta)) / d_theta
         A = rng.random((n, d_theta)) / d_theta
         B = rng.random((n, d_w)) / d_w

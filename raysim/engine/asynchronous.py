@@ -116,7 +116,7 @@ class AsyncDriver:
         updates = ClientUpdates.concat([u for u, _ in self.buffer])
         ids = np.concatenate([u.client_ids for u, _ in self.buffer])
         weights = np.array([w for _, w in self.buffer])[np.argsort(ids, kind="stable")] / len(self.buffer)
-        s.state = s.algorithm.aggregate(s.state, updates, weights)
+        s.state = s.algorithm.server_update(s.state, updates, weights)
         s.version += 1
         self.buffer = []
         done = self._should_stop()

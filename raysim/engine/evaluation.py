@@ -7,9 +7,22 @@ import warnings
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from raysim.algorithms.local_sgd import evaluate_rows
 from raysim.engine.host import torch_threads
+
+
+def evaluate_rows(model, flat: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+                  chunk: int = 8192) -> tuple[float, int]:
+    """(sum of cross-entropy, number correct) of parameters ``flat`` over the given rows."""
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, features.shape[0], chunk):
+            logits = model.logits(flat, features[i:i + chunk])
+            y = labels[i:i + chunk]
+            loss += F.cross_entropy(logits, y, reduction="sum").item()
+            correct += int((logits.argmax(1) == y).sum())
+    return loss, correct
 
 
 class GlobalEvaluator:

@@ -12,10 +12,10 @@ import pyarrow as pa
 import torch
 from raysim.config import scenario_object
 
-from raysim.algorithms import ClientContext, make_algorithm
+from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
-from raysim.engine import rng
 from raysim.models import build_model
+from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
 
 
@@ -24,7 +24,7 @@ class Task:
     """Work for a group of clients, run together (vectorized): ``op`` is 'train' or 'personalize';
     per client, ``counters`` numbers its dispatch (the round in synchronous mode) and seeds its
     RNG, and ``versions`` names the payload (model version) it starts from. ``states`` holds
-    each client's kept state for stateful algorithms (None: a first visit)."""
+    each client's kept state for stateful algorithms (a dict of tensors, or None on a first visit)."""
 
     op: str
     client_ids: tuple
@@ -64,14 +64,14 @@ class ClientHost:
         self.noise = None if unreliable.gradient_noise == "none" else (unreliable.gradient_noise,
                                                                        unreliable.noise_scale)
         if self.problem is not None:  # clients are rows of sufficient statistics, not of samples
-            self.features = self.labels = None
+            self.data = self.problem
             return
         with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
             warnings.simplefilter("ignore", UserWarning)
             features = torch.from_numpy(self.dataset.features())
             labels = torch.from_numpy(self.dataset.labels())
-        self.features = features.reshape(-1, *self.dataset.feature_shape).to(self.device)
-        self.labels = labels.to(self.device)
+        self.data = RowData(features.reshape(-1, *self.dataset.feature_shape).to(self.device),
+                            labels.to(self.device), self.offsets)
 
     def run(self, payloads: dict, tasks: list) -> list:
         """Run tasks in order, each client from ``payloads[version]``; one result per task
@@ -81,15 +81,14 @@ class ClientHost:
 
     def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)
-        kind = rng.TRAIN if task.op == "train" else rng.PERSONALIZE
-        ctx = ClientContext(ids, [rng.stream(self.cfg.seed, kind, int(c), n) for c, n in zip(ids, task.counters)],
-                            self.model, self.features, self.labels, self.offsets[ids], self.device,
-                            *self._unreliable(ids, task.op), problem=self.problem,
+        purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
+        ctx = ClientContext(ids, [stream(self.cfg.seed, purpose, int(c), n) for c, n in zip(ids, task.counters)],
+                            self.model, self.data, self.device, *self._unreliable(ids, task.op),
                             states=None if task.states is None else list(task.states))
         if task.op == "personalize":
             ev, a = self.cfg.eval, self.cfg.algorithm
             return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,
-                                              ev.personalized_lr or a.personal_lr or a.lr)
+                                              ev.personalized_lr or getattr(a, "personal_lr", None) or a.lr)
         began = time.perf_counter()
         out = self.algorithm.client_update(payloads, ctx)
         wall = time.perf_counter() - began

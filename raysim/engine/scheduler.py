@@ -26,7 +26,6 @@ from raysim.models import build_model
 from raysim.models.flat import sha256
 from raysim.system import SystemModel
 
-FLOAT_BYTES = 4
 MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten
 
 
@@ -50,7 +49,7 @@ class Scheduler:
                                                                                  initial)
         self.task_size = clients_per_task(cfg)
         self.state = self.algorithm.init(initial)
-        self.client_state: dict = {}  # client id -> kept state of a stateful algorithm
+        self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
         self.version = 0  # server model version: increases with every server step
         self.clock = 0.0  # virtual seconds
         self.counter = 0  # dispatches so far: seeds each task's RNG together with the client id
@@ -61,12 +60,8 @@ class Scheduler:
         self._rounds: list = []
         self._events: list = []
         self._handles: dict = {}
-        a = cfg.algorithm
-        per_client = (np.full(len(self.train_sizes), a.local_steps * a.batch_size) if a.local_steps
-                      else self.train_sizes * a.local_epochs)
-        steps = self.system.profile["local_steps"]
-        self.work = np.where(steps > 0, steps * a.batch_size, per_client).astype(np.float64)
-        self.message_bytes = self.model.size * FLOAT_BYTES
+        self._payload: tuple = (-1, None)  # (version, payload) of the latest payload built
+        self.value_bytes = initial.element_size()
         self.driver = SyncDriver(self) if cfg.execution.mode == "sync" else AsyncDriver(self)
 
     # ------------------------------------------------------------------ driver API
@@ -112,8 +107,14 @@ class Scheduler:
             if len(self._handles) >= MAX_HANDLES:  # forget versions no unsent task refers to
                 in_use = self.driver.versions_in_use()
                 self._handles = {v: h for v, h in self._handles.items() if v in in_use}
-            self._handles[self.version] = self.runtime.broadcast(self.algorithm.payload(self.state))
+            self._handles[self.version] = self.runtime.broadcast(self.payload())
         return {self.version: self._handles[self.version]}
+
+    def payload(self) -> dict:
+        """What clients receive from the current server state (built once per version)."""
+        if self._payload[0] != self.version:
+            self._payload = (self.version, self.algorithm.payload(self.state))
+        return self._payload[1]
 
     def handles(self, versions) -> dict:
         """Handles of the given (still referenced) model versions."""
@@ -143,10 +144,10 @@ class Scheduler:
 
     def keep_states(self, updates) -> None:
         """Store the new client states that ``updates`` carry (and take them out of the updates)."""
-        states = updates.tensors.pop("state", None)
-        if states is not None:
-            for c, row in zip(updates.client_ids.tolist(), states):
-                self.client_state[c] = row.clone()
+        for i, c in enumerate(updates.client_ids.tolist()):
+            if updates.states:
+                self.client_state[c] = {name: rows[i].clone() for name, rows in updates.states.items()}
+        updates.states = {}
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``)."""
@@ -155,9 +156,13 @@ class Scheduler:
         return updates.samples / updates.samples.sum()
 
     def timing(self, clients: np.ndarray, counters: np.ndarray):
-        """Virtual durations of training tasks for ``clients`` dispatched with ``counters``."""
-        return self.system.task_timing(clients, counters, self.work[clients], self.message_bytes,
-                                       self.message_bytes)
+        """Virtual durations of training tasks for ``clients`` dispatched with ``counters``, from the
+        work and message sizes the algorithm declares for the current payload."""
+        payload = self.payload()
+        work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
+        down = sum(t.numel() * t.element_size() for t in payload.values())
+        up = self.algorithm.upload_size(payload) * self.value_bytes
+        return self.system.task_timing(clients, counters, work, down, up)
 
     def evaluate_if_due(self, step: int, final: bool = False) -> dict:
         """Evaluate the global model when ``step`` is an evaluation step (or ``final``)."""
@@ -195,7 +200,7 @@ class Scheduler:
     def _diagnostics(self) -> dict:
         """rel_error, grad_norm_sq and loss_gap of the current server state: exact for quadratic
         problems; otherwise the algorithm's own ‖F(θ)‖² estimate, if it keeps one."""
-        estimate = self.state.get("grad_norm_sq")
+        estimate = self.state.diagnostics.get("grad_norm_sq")
         row = {"rel_error": math.nan, "grad_norm_sq": math.nan if estimate is None else float(estimate),
                "loss_gap": math.nan}
         if self.quadratic is not None:

@@ -74,7 +74,7 @@ class SyncDriver:
                     f"(train_loss={updates.train_loss[diverged]}, non-finite update); "
                     f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
             s.keep_states(updates)
-            s.state = s.algorithm.aggregate(s.state, updates, s.aggregation_weights(updates))
+            s.state = s.algorithm.server_update(s.state, updates, s.aggregation_weights(updates))
             s.applied += len(updates.client_ids)
         s.clock += duration
         s.version += 1

@@ -8,10 +8,8 @@ section of a scenario; ``DISTRIBUTIONS`` describes every ``kind`` per section.
 
 from raysim.system.config import (DISTRIBUTIONS, AvailabilityConfig, ComputeConfig, DistributionConfig,
                                   NetworkConfig, SystemConfig, Tier, UnreliableConfig)
-from raysim.system.model import (PROFILE_STREAMS, SYSTEM_AVAILABILITY, SYSTEM_PROFILE, SYSTEM_SAMPLE, SYSTEM_TASK,
-                                 SystemModel, TaskTiming)
+from raysim.system.model import PROFILE_STREAMS, SystemModel, TaskTiming
 from raysim.system.validate import validate_system
 
-__all__ = ["DISTRIBUTIONS", "PROFILE_STREAMS", "SYSTEM_AVAILABILITY", "SYSTEM_PROFILE", "SYSTEM_SAMPLE",
-           "SYSTEM_TASK", "AvailabilityConfig", "ComputeConfig", "DistributionConfig", "NetworkConfig",
-           "SystemConfig", "SystemModel", "TaskTiming", "Tier", "UnreliableConfig", "validate_system"]
+__all__ = ["DISTRIBUTIONS", "PROFILE_STREAMS", "AvailabilityConfig", "ComputeConfig", "DistributionConfig",
+           "NetworkConfig", "SystemConfig", "SystemModel", "TaskTiming", "Tier", "UnreliableConfig", "validate_system"]

@@ -3,18 +3,18 @@
 Every draw is a pure function of (seed, client id, task counter) — never of the
 number of actors, the order of calls or which other clients are in a call:
 
-* static per-client profiles come from ``default_rng([seed, SYSTEM_PROFILE, j])``,
-  one stream ``j`` per field (:data:`PROFILE_STREAMS`), drawn for all clients at
-  once; client ``c`` takes draw ``c`` of each stream, so its profile does not
+* static per-client profiles come from the streams ``(Purpose.SYSTEM_PROFILE, j)``
+  (:mod:`raysim.streams`), one ``j`` per field (:data:`PROFILE_STREAMS`), drawn for all
+  clients at once; client ``c`` takes draw ``c`` of each stream, so its profile does not
   depend on the number of clients either (trace files aside);
-* a task's noise, dropout coin and failure point come from its own generator
-  ``default_rng([seed, SYSTEM_TASK, client, counter])``;
-* Bernoulli availability coins at dispatch ``counter`` are the uniforms of
-  ``default_rng([seed, SYSTEM_AVAILABILITY, counter])``: client ``c`` is available
-  iff uniform ``c`` < p (one vectorized draw of N uniforms instead of N generators);
-* ``sample_available`` walks all clients in a random order keyed by
-  ``default_rng([seed, SYSTEM_SAMPLE, counter])`` and keeps the first ``k``
-  eligible ones (see :meth:`SystemModel.sample_available`).
+* a task's noise, dropout coin and failure point come from its own stream
+  ``(Purpose.SYSTEM_TASK, client, counter)``;
+* Bernoulli availability coins at dispatch ``counter`` are the uniforms of the stream
+  ``(Purpose.SYSTEM_AVAILABILITY, counter)``: client ``c`` is available iff uniform
+  ``c`` < p (one vectorized draw of N uniforms instead of N generators);
+* ``sample_available`` walks all clients in a random order keyed by the stream
+  ``(Purpose.SYSTEM_SAMPLE, counter)`` and keeps the first ``k`` eligible ones (see
+  :meth:`SystemModel.sample_available`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raysim.streams import Purpose, stream
 from raysim.system.traces import load_availability_trace, load_compute_trace
 from raysim.system.validate import validate_system
 
-SYSTEM_PROFILE, SYSTEM_TASK, SYSTEM_AVAILABILITY = 10, 11, 12  # random stream ids (the engine uses 0..2)
-SYSTEM_SAMPLE = SYSTEM_AVAILABILITY + 100
-
-# Profile field -> j of its stream default_rng([seed, SYSTEM_PROFILE, j]). Never renumber: add new j's.
+# Profile field -> j of its stream (Purpose.SYSTEM_PROFILE, j). Never renumber: add new j's.
 PROFILE_STREAMS = {"speed": 0, "tier": 1, "slow": 2, "net_tier": 3, "down_mbps": 4, "up_mbps": 5,
                    "phase": 6, "participation": 7, "local_steps": 8}
 
@@ -72,7 +70,7 @@ class SystemModel:
     # ------------------------------------------------------------------ static profiles
 
     def _rng(self, field: str) -> np.random.Generator:
-        return np.random.default_rng([self.seed, SYSTEM_PROFILE, PROFILE_STREAMS[field]])
+        return stream(self.seed, Purpose.SYSTEM_PROFILE, PROFILE_STREAMS[field])
 
     def _draw_tier(self, field: str, tiers) -> np.ndarray:
         """Each client's tier index, drawn independently with the tiers' fractions."""
@@ -152,7 +150,7 @@ class SystemModel:
         processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes.
 
         A task's random draws (noise, dropout coin, failure point) come only from
-        ``default_rng([seed, SYSTEM_TASK, client, counter])``, always in the same
+        stream ``(Purpose.SYSTEM_TASK, client, counter)``, always in the same
         order, so a task's timing does not depend on the other tasks in the call.
         """
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
@@ -160,7 +158,7 @@ class SystemModel:
         work = np.broadcast_to(np.asarray(work, dtype=np.float64), ids.shape)
         z, coin, frac = np.empty(len(ids)), np.empty(len(ids)), np.empty(len(ids))
         for i, (client, counter) in enumerate(zip(ids.tolist(), counters.tolist())):
-            rng = np.random.default_rng([self.seed, SYSTEM_TASK, client, counter])
+            rng = stream(self.seed, Purpose.SYSTEM_TASK, client, counter)
             z[i], coin[i] = rng.standard_normal(), rng.random()
             frac[i] = rng.integers(1, 2 ** 53) / 2 ** 53  # in (0, 1): a failure strictly inside the task
         c, p = self.cfg.compute, self.profile
@@ -176,8 +174,8 @@ class SystemModel:
     def available(self, client_ids, t: float, counter: int) -> np.ndarray:
         """Whether each client can be sampled at virtual time ``t`` by dispatch ``counter`` (bool array).
 
-        always: True; bernoulli: uniform ``client`` of ``default_rng([seed,
-        SYSTEM_AVAILABILITY, counter])`` < p (N uniforms are drawn once per counter and
+        always: True; bernoulli: uniform ``client`` of the stream
+        ``(Purpose.SYSTEM_AVAILABILITY, counter)`` < p (N uniforms are drawn once per counter and
         kept for the latest counter: ~4 ms for N = 1,000,000); diurnal: ``(t / period +
         phase) mod 1 < on_fraction``; trace: ``t`` lies in one of the client's intervals.
         """
@@ -187,7 +185,7 @@ class SystemModel:
             return np.ones(ids.shape, dtype=bool)
         if a.kind == "bernoulli":
             if self._coins_counter != counter:
-                rng = np.random.default_rng([self.seed, SYSTEM_AVAILABILITY, int(counter)])
+                rng = stream(self.seed, Purpose.SYSTEM_AVAILABILITY, int(counter))
                 self._coins_counter, self._coins = counter, rng.random(self.num_clients)
             return self._coins[ids] < a.p
         if a.kind == "diurnal":
@@ -200,14 +198,14 @@ class SystemModel:
         possibly none, if fewer are eligible).
 
         Algorithm: all clients in a random order (a keyed pseudorandom permutation
-        whose keys come from ``default_rng([seed, SYSTEM_SAMPLE, counter])``, see
+        whose keys come from the stream ``(Purpose.SYSTEM_SAMPLE, counter)``, see
         ``_RandomOrder``); the sample is the first ``k`` eligible clients in that order. The order is
         evaluated lazily in growing batches, so the result is one function of
         (seed, counter, t, k, exclude) while the cost is O(k / eligible share):
         about 1 ms for N = 1,000,000 and k = 100 when everyone is available, and
         a few passes over N (tens of ms) only when almost nobody is.
         """
-        order = _RandomOrder(self.num_clients, np.random.default_rng([self.seed, SYSTEM_SAMPLE, int(counter)]))
+        order = _RandomOrder(self.num_clients, stream(self.seed, Purpose.SYSTEM_SAMPLE, int(counter)))
         if exclude is not None and exclude.dtype == bool:  # a mask over all clients: O(1) lookups
             mask, n_excluded = exclude, int(np.count_nonzero(exclude))
         else:

@@ -1,0 +1,13 @@
+"""Building the algorithm a scenario names."""
+
+from __future__ import annotations
+
+from raysim.algorithms.base import Algorithm, AlgorithmEnv
+from raysim.catalog import algorithm_class
+
+
+def make_algorithm(scenario, model, problem=None, num_clients: int = 0) -> Algorithm:
+    """The algorithm that ``scenario.algorithm.name`` names (already validated), for the
+    scenario's model (a FlatModel with its split), QuadraticProblem (if any) and number of clients."""
+    env = AlgorithmEnv(model, scenario.model, num_clients, scenario.seed, problem)
+    return algorithm_class(scenario.algorithm.name)(scenario.algorithm, env)

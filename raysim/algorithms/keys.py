@@ -1,0 +1,267 @@
+"""The keys of the built-in algorithms (the ``algorithm:`` section of a scenario), declared once.
+
+One dataclass per algorithm family, assembled from small groups: the client's local
+steps (:class:`StepKeys`, :class:`MinibatchKeys`), the server learning rate and optimizer
+(:class:`ServerLrKeys`, :class:`ServerKeys`) and the unit of step sizes on the quadratic
+problem (:class:`QuadraticUnitKeys`). Each key carries its documentation, the values it
+accepts and when it applies (see :mod:`raysim.schema`); a keys class may add a ``check``
+of the whole scenario. Torch-free: scenarios are validated before torch loads.
+
+A custom algorithm declares its own keys the same way, as its class attribute ``Keys``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from raysim.errors import ScenarioError
+from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,
+                           positive_int, unit_interval, when)
+
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
+ADAPTIVE = ("adam", "yogi", "adagrad")
+ROW_DATA = when("data.kind", "quadratic", negate=True)  # clients hold rows (minibatches exist)
+betas = Check(lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
+              "two numbers in [0, 1)")
+
+
+@dataclass
+class AlgorithmKeys:
+    """Every algorithm has a name."""
+
+    name: str = key("fedavg", "the algorithm: a built-in name (raysim list) or package.module:Class")
+
+    @staticmethod
+    def check(cfg) -> None:
+        """Checks that involve several keys or sections (the scenario ``cfg``, values checked)."""
+
+
+@dataclass
+class StepKeys(AlgorithmKeys):
+    """Local gradient steps on the client."""
+
+    lr: float = key(0.05, "client learning rate", check=positive)
+    local_steps: Optional[int] = key(None, "local steps per task (null: local_epochs passes over the rows)",
+                                     check=positive_int)
+    weight_decay: float = key(0.0, "L2 weight decay added to every local gradient", check=non_negative)
+    max_grad_norm: Optional[float] = key(None, "clip each local gradient to this Euclidean norm (null: never)",
+                                         check=positive)
+
+    @staticmethod
+    def check(cfg) -> None:
+        if cfg.data.kind == "quadratic":
+            require_local_steps(cfg, "its clients have no rows to make epochs of")
+
+
+def batch_size_key():
+    """The ``batch_size`` key (declared by the algorithms that take minibatches)."""
+    return key(10, "client minibatch size (a client's last batch of an epoch may be shorter)", check=positive_int,
+               when=ROW_DATA)
+
+
+@dataclass
+class MinibatchKeys(StepKeys):
+    """Local minibatch SGD."""
+
+    batch_size: int = batch_size_key()
+    local_epochs: int = key(1, "passes over the client's training rows per task", check=positive_int,
+                            when=(when("local_steps", None), ROW_DATA))
+
+
+@dataclass
+class ServerLrKeys:
+    """A server learning rate."""
+
+    server_lr: float = key(1.0, "server learning rate: θ ← θ − server_lr · (aggregated update, after the "
+                                "server optimizer)", check=positive)
+
+
+@dataclass
+class ServerKeys(ServerLrKeys):
+    """A server optimizer applied to the aggregated update (a pseudo-gradient)."""
+
+    server_optimizer: str = key("sgd", "sgd | momentum (FedAvgM) | adam (FedAdam) | yogi (FedYogi) | adagrad "
+                                       "(FedAdagrad)", check=one_of(*SERVER_OPTIMIZERS))
+    server_momentum: float = key(0.9, "momentum β: m ← β·m + Δ", check=unit_interval,
+                                 when=when("server_optimizer", "momentum"))
+    server_nesterov: bool = key(False, "Nesterov momentum: step Δ + β·m", when=when("server_optimizer", "momentum"))
+    server_betas: List[float] = key(doc="(β₁, β₂): first- and second-moment decay (adagrad uses β₁)",
+                                    factory=lambda: [0.9, 0.99], check=betas,
+                                    when=when("server_optimizer", *ADAPTIVE))
+    server_eps: float = key(1e-3, "τ in step = m / (√v + τ); v starts at τ²", check=positive,
+                            when=when("server_optimizer", *ADAPTIVE))
+    server_bias_correction: bool = key(False, "divide m by 1 − β₁ᵗ (and v by 1 − β₂ᵗ for adam, yogi)",
+                                       when=when("server_optimizer", *ADAPTIVE))
+
+
+@dataclass
+class QuadraticUnitKeys:
+    """Step sizes in units of the quadratic problem's smoothness constants."""
+
+    lr_unit: str = key("absolute", "absolute | inverse_smoothness (step sizes times 1/L, 1/L_w, 1/L_f of the "
+                                   "quadratic problem)", check=one_of("absolute", "inverse_smoothness"),
+                       when=when("data.kind", "quadratic"))
+
+
+@dataclass
+class FedAvgKeys(ServerKeys, MinibatchKeys):
+    """FedAvg and FedAvg with a server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad)."""
+
+
+def fixed_optimizer(name: str, algorithm: str):
+    """The ``server_optimizer`` key of an algorithm that is FedAvg with the optimizer ``name``."""
+    return key(name, f"{name} (what makes FedAvg {algorithm}; for another optimizer use algorithm.name=fedavg)",
+               check=one_of(name))
+
+
+@dataclass
+class FedAvgMKeys(FedAvgKeys):
+    """FedAvgM: FedAvg with server momentum."""
+
+    server_optimizer: str = fixed_optimizer("momentum", "FedAvgM")
+
+
+@dataclass
+class FedAdamKeys(FedAvgKeys):
+    """FedAdam: FedAvg with the Adam server optimizer."""
+
+    server_optimizer: str = fixed_optimizer("adam", "FedAdam")
+    server_lr: float = key(0.01, "server learning rate η of the adaptive step", check=positive)
+
+
+@dataclass
+class FedYogiKeys(FedAdamKeys):
+    """FedYogi: FedAvg with the Yogi server optimizer."""
+
+    server_optimizer: str = fixed_optimizer("yogi", "FedYogi")
+
+
+@dataclass
+class FedAdagradKeys(FedAdamKeys):
+    """FedAdagrad: FedAvg with the Adagrad server optimizer."""
+
+    server_optimizer: str = fixed_optimizer("adagrad", "FedAdagrad")
+
+
+@dataclass
+class FedProxKeys(FedAvgKeys):
+    """FedProx: FedAvg plus a proximal term toward the model the client received."""
+
+    prox_mu: float = key(0.01, "μ of the proximal term (μ/2)‖v − θ‖² added to the local loss", check=non_negative)
+
+
+@dataclass
+class LocalGDKeys(QuadraticUnitKeys, ServerKeys, StepKeys):
+    """Local GD: full-batch gradient steps."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        require_local_steps(cfg, "Local GD takes full-batch steps, it has no epochs")
+
+
+@dataclass
+class ScaffoldKeys(QuadraticUnitKeys, FedAvgKeys):
+    """SCAFFOLD: control variates kept per client."""
+
+
+@dataclass
+class FedDynKeys(ServerLrKeys, MinibatchKeys):
+    """FedDyn: a dynamic regulariser kept per client and on the server."""
+
+    dyn_alpha: float = key(0.01, "α: local loss − ⟨g_i, v⟩ + (α/2)‖v − θ‖²; server θ = mean(v) − h/α",
+                           check=positive)
+
+
+@dataclass
+class FedACGKeys(ServerLrKeys, MinibatchKeys):
+    """FedACG: server momentum, a lookahead broadcast and a proximal pull toward it."""
+
+    acg_lambda: float = key(0.85, "λ: server momentum m ← λ·m + Δ and lookahead θ + λ·m sent to clients",
+                            check=unit_interval)
+    acg_beta: float = key(0.01, "β of the proximal term (β/2)‖v − (θ + λm)‖²", check=non_negative)
+    acg_lookahead: bool = key(True, "send θ + λm (false: send θ; the paper's ablation without the "
+                                    "accelerated start)")
+
+
+@dataclass
+class FFGGKeys(QuadraticUnitKeys, ServerKeys, MinibatchKeys):
+    """FFGG: fine-tune the personal part, send the partial gradient of the global part."""
+
+    personal_lr: Optional[float] = key(None, "γ_w, the step on the personal part (null: lr)", check=positive)
+    finetuner: str = key("sgd", "sgd (local_steps or local_epochs of steps on w) | cg (local_steps conjugate-"
+                                "gradient iterations) | exact (closed form); cg, exact: quadratic data",
+                         check=one_of("sgd", "cg", "exact"))
+
+    @staticmethod
+    def check(cfg) -> None:
+        a, m = cfg.algorithm, cfg.model
+        quadratic = cfg.data.kind == "quadratic"
+        personal = m.personal if isinstance(m.personal, str) else list(m.personal)
+        if quadratic and personal != ["w"]:
+            raise ScenarioError("model.personal", personal, f"[w] for algorithm.name={a.name} on data.kind=quadratic "
+                                                            "(w is that problem's personal part)")
+        if personal == "none":
+            raise ScenarioError("model.personal", personal, f"a split with personal parameters for algorithm.name="
+                                                            f"{a.name}: input_layer, output_layer, adapter or name patterns")
+        if a.finetuner in ("cg", "exact") and not quadratic:
+            raise ScenarioError("algorithm.finetuner", a.finetuner, "sgd unless data.kind=quadratic")
+        if quadratic and a.finetuner != "exact":
+            require_local_steps(cfg, "its clients have no rows to make epochs of")
+
+
+@dataclass
+class LocalFFGGKeys(FFGGKeys):
+    """Local FFGG: alternating local steps on w and θ, after optional FedAvg pre-training."""
+
+    pretrain_rounds: int = key(0, "the first rounds are FedAvg on the whole model", check=non_negative_int)
+    pretrain_lr: Optional[float] = key(None, "client lr of the pre-training rounds (null: lr)", check=positive,
+                                       when=when("pretrain_rounds", 0, negate=True))
+
+    @staticmethod
+    def check(cfg) -> None:
+        FFGGKeys.check(cfg)
+        if cfg.data.kind == "quadratic":
+            require_local_steps(cfg, "its alternating steps on w and θ need a count")
+        rounds, e = cfg.algorithm.pretrain_rounds, cfg.execution
+        if rounds:
+            if cfg.data.kind == "quadratic":
+                raise ScenarioError("algorithm.pretrain_rounds", rounds, "0 with data.kind=quadratic "
+                                                                         "(FedAvg pre-training needs rows)")
+            if e.mode != "sync":
+                raise ScenarioError("algorithm.pretrain_rounds", rounds, "0 in execution.mode=async")
+            if rounds >= e.rounds:
+                raise ScenarioError("algorithm.pretrain_rounds", rounds,
+                                    f"fewer than execution.rounds={e.rounds} (they are part of them)")
+
+
+@dataclass
+class L2GDKeys(QuadraticUnitKeys, StepKeys):
+    """L2GD: a model per client pulled toward their mean; each round's numbers of averaging and
+    local steps are drawn with p."""
+
+    local_steps: Optional[int] = key(None, "sets p = 1/local_steps when average_prob is null", check=positive_int,
+                                     when=when("average_prob", None))
+    batch_size: int = batch_size_key()
+    penalty: float = key(0.1, "λ of the penalty (λ/2)·Σ‖x_m − x̄‖²", check=positive)
+    average_prob: Optional[float] = key(None, "p, the chance that a step averages (null: 1/local_steps)",
+                                        check=open_unit_interval)
+
+    @staticmethod
+    def check(cfg) -> None:
+        a, e, d = cfg.algorithm, cfg.execution, cfg.data
+        if a.average_prob is None:
+            require_local_steps(cfg, "p defaults to 1/local_steps")
+        if e.mode != "sync":
+            raise ScenarioError("execution.mode", e.mode, "sync for algorithm.name=l2gd")
+        if d.kind != "parquet" and e.clients_per_round != d.num_clients:
+            raise ScenarioError("execution.clients_per_round", e.clients_per_round,
+                                f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
+
+
+def require_local_steps(cfg, why: str) -> None:
+    """``algorithm.local_steps`` must be set (``why`` says why)."""
+    if cfg.algorithm.local_steps is None:
+        raise ScenarioError("algorithm.local_steps", None,
+                            f"a positive integer for algorithm.name={cfg.algorithm.name} "
+                            f"on data.kind={cfg.data.kind} ({why})")

@@ -1,0 +1,209 @@
+"""Gradient oracles: what a local step knows of a client's objective.
+
+A :class:`StepPlan` fixes, before training starts, each client's number of local steps, its
+minibatches (drawn from the client's own generator) and the [SO] model's participation coins.
+An oracle answers, for the ``[C, P]`` parameters of a task's clients:
+
+* ``gradient(params, s)``: the gradient at local step ``s`` — on minibatch ``s`` of the plan
+  (:class:`RowOracle` with a minibatch plan), on every training row (a full-batch plan), or
+  exactly (:class:`QuadraticOracle`: the quadratic problem's clients are sufficient statistics);
+* ``hvp(params, vectors, s)``: Hessian-vector products on the same data (double backward);
+* ``full_gradient(params)``: the gradient over each client's whole training set.
+
+Algorithms never branch on the kind of data: they ask the task's context for a plan and an
+oracle (:meth:`raysim.algorithms.base.ClientContext.oracle`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import vmap
+
+
+@dataclass
+class StepPlan:
+    """Every local step of every client of a task. ``rows[s, c, b]`` (``mask`` 0 on padding)
+    are client c's minibatch at step s, or None for full-batch and exact gradients; ``active[s, c]``
+    is 1 while client c still has steps (clients of one task may take different numbers);
+    ``participation[s, c]`` is 1/δ_c when an unreliable client computed at step s and 0 when it
+    did not, or None when every client always computes."""
+
+    steps: np.ndarray  # [C] int
+    active: torch.Tensor  # [S, C] float32
+    participation: torch.Tensor | None = None  # [S, C] float32
+    rows: torch.Tensor | None = None  # [S, C, B] int64
+    mask: torch.Tensor | None = None  # [S, C, B] float32
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.active.shape[0])
+
+
+def _coins(rng: np.random.Generator, steps: int, delta: float) -> np.ndarray:
+    """1/δ for the steps an unreliable client computes (probability δ each), 0 for the others."""
+    if delta >= 1.0:
+        return np.ones(steps)
+    return np.where(rng.random(steps) < delta, 1.0 / delta, 0.0)
+
+
+def _finish(per_client_steps: list, coins: list, participation) -> tuple:
+    steps = np.array(per_client_steps, dtype=np.int64)
+    active = np.zeros((int(steps.max(initial=0)), len(steps)), dtype=np.float32)
+    scales = np.zeros(active.shape, dtype=np.float32)
+    for c, n in enumerate(steps):
+        active[:n, c] = 1.0
+        scales[:n, c] = coins[c]
+    unreliable = participation is not None and (np.asarray(participation) < 1).any()
+    return steps, torch.from_numpy(active), torch.from_numpy(scales) if unreliable else None
+
+
+def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size: int, epochs: int,
+                   steps: int | None, client_steps: np.ndarray | None = None,
+                   participation: np.ndarray | None = None) -> StepPlan:
+    """Minibatches of clients whose training rows are ``starts[c] : starts[c] + sizes[c]``.
+
+    With ``steps`` unset, each of ``epochs`` passes shuffles the client's rows and cuts them
+    into batches (the last one may be short); with ``steps`` set, the client takes that many
+    batches from a stream of shuffled passes. ``client_steps`` (> 0) overrides the number of
+    steps per client (heterogeneous E_k). A client's generator draws its permutations, then
+    (with ``participation`` δ_c < 1) one coin per step.
+    """
+    per_client, coins = [], []
+    for c, (start, size, rng) in enumerate(zip(starts, sizes, rngs)):
+        size = int(size)
+        own_steps = int(client_steps[c]) if client_steps is not None and client_steps[c] > 0 else steps
+        if own_steps is None:
+            batches = []
+            for _ in range(epochs):
+                perm = rng.permutation(size)
+                batches += [perm[i:i + batch_size] for i in range(0, size, batch_size)]
+        else:
+            passes = -(-own_steps * batch_size // size)
+            order = np.concatenate([rng.permutation(size) for _ in range(passes)])
+            batches = [order[i * batch_size:(i + 1) * batch_size] for i in range(own_steps)]
+        per_client.append([b + start for b in batches])
+        coins.append(_coins(rng, len(batches), 1.0 if participation is None else float(participation[c])))
+    num_steps, active, scales = _finish([len(b) for b in per_client], coins, participation)
+    width = max(len(b) for batches in per_client for b in batches)
+    rows = np.zeros((*active.shape, width), dtype=np.int64)
+    row_mask = np.zeros(rows.shape, dtype=np.float32)
+    for c, batches in enumerate(per_client):
+        for s, b in enumerate(batches):
+            rows[s, c, :len(b)] = b
+            row_mask[s, c, :len(b)] = 1.0
+    return StepPlan(num_steps, active, scales, torch.from_numpy(rows), torch.from_numpy(row_mask))
+
+
+def counted_plan(rngs: list, steps: int, client_steps: np.ndarray | None = None,
+                 participation: np.ndarray | None = None) -> StepPlan:
+    """``steps`` full-batch (or exact) steps per client (``client_steps`` > 0 overrides them);
+    with ``participation`` δ_c < 1, each client's generator draws one coin per step."""
+    own = [int(client_steps[c]) if client_steps is not None and client_steps[c] > 0 else steps
+           for c in range(len(rngs))]
+    coins = [_coins(rng, n, 1.0 if participation is None else float(participation[c]))
+             for c, (rng, n) in enumerate(zip(rngs, own))]
+    num_steps, active, scales = _finish(own, coins, participation)
+    return StepPlan(num_steps, active, scales)
+
+
+def client_forward(model, num_clients: int):
+    """``forward(params [C, P], x [C, B, ...]) -> logits [C, B, K]``: vmapped over clients (a lone
+    client skips vmap's overhead)."""
+    return vmap(model.logits) if num_clients > 1 else (lambda p, x: model.logits(p[0], x[0])[None])
+
+
+def per_client_loss(forward, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each client's unmasked rows: params [C, P], x [C, B, ...] -> [C]."""
+    logits = forward(params, x)
+    losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
+    return (losses * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+
+
+class RowOracle:
+    """Cross-entropy gradients of clients whose data are rows of ``features``/``labels``
+    (``offsets[c]`` = train start, test start, test end of client c). One backward pass of the
+    summed per-client losses gives every client's own gradient, since client c's loss depends
+    only on its own row of parameters."""
+
+    def __init__(self, model, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
+                 plan: StepPlan | None, device: torch.device):
+        self.model, self.features, self.labels, self.plan, self.device = model, features, labels, plan, device
+        self.offsets = offsets
+        self.forward = client_forward(model, len(offsets))
+        self._rows = None if plan is None or plan.rows is None else (plan.rows.to(device), plan.mask.to(device))
+        self._full = None
+
+    def _batch(self, s: int | None):
+        """(x, y, mask) of step s, or of every training row (``s`` None or a full-batch plan)."""
+        if s is None or self._rows is None:
+            if self._full is None:
+                sizes = torch.as_tensor(self.offsets[:, 1] - self.offsets[:, 0], device=self.device)
+                cols = torch.arange(int(sizes.max()), device=self.device)
+                mask = (cols[None, :] < sizes[:, None]).float()
+                rows = torch.as_tensor(self.offsets[:, 0], device=self.device)[:, None] + cols[None, :] * mask.long()
+                self._full = (rows, mask)
+            rows, mask = self._full
+        else:
+            rows, mask = self._rows[0][s], self._rows[1][s]
+        return self.features[rows], self.labels[rows], mask
+
+    def _loss(self, leaf: torch.Tensor, s: int | None) -> torch.Tensor:
+        x, y, mask = self._batch(s)
+        return per_client_loss(self.forward, leaf, x, y, mask)
+
+    def gradient(self, params: torch.Tensor, s: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gradients [C, P], losses [C]) at local step ``s`` (None: every training row)."""
+        leaf = params.detach().requires_grad_(True)
+        loss = self._loss(leaf, s)
+        (grads,) = torch.autograd.grad(loss.sum(), leaf)
+        return grads, loss.detach()
+
+    def full_gradient(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gradients, losses) over each client's whole training set."""
+        return self.gradient(params, None)
+
+    def hvp(self, params: torch.Tensor, vectors: torch.Tensor, s: int | None) -> torch.Tensor:
+        """[C, P]: each client's Hessian at ``params`` (data of step ``s``) times its row of ``vectors``."""
+        leaf = params.detach().requires_grad_(True)
+        (grads,) = torch.autograd.grad(self._loss(leaf, s).sum(), leaf, create_graph=True)
+        (product,) = torch.autograd.grad((grads * vectors).sum(), leaf)
+        return product
+
+
+class QuadraticOracle:
+    """Exact gradients of the quadratic problem's clients (:mod:`raysim.data.quadratic`): every
+    step sees the client's whole objective."""
+
+    def __init__(self, problem, client_ids: np.ndarray, plan: StepPlan | None):
+        self.problem, self.ids, self.plan = problem, client_ids, plan
+        self.d = problem.d_theta
+
+    def gradient(self, params: torch.Tensor, s: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        theta, w = params[:, :self.d], params[:, self.d:]
+        grads = torch.cat([self.problem.grad_theta(self.ids, theta, w), self.problem.grad_w(self.ids, theta, w)], 1)
+        return grads, self.problem.value(self.ids, theta, w)
+
+    def full_gradient(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gradient(params, None)
+
+    def hvp(self, params: torch.Tensor, vectors: torch.Tensor, s: int | None) -> torch.Tensor:
+        """The Hessian [[P, C], [Cᵀ, D]] of each client times its row of ``vectors``."""
+        v_theta, v_w = vectors[:, :self.d], vectors[:, self.d:]
+        p = self.problem
+        ids = torch.as_tensor(self.ids, dtype=torch.int64)
+        top = (p.P[ids] @ v_theta.unsqueeze(-1) + p.C[ids] @ v_w.unsqueeze(-1)).squeeze(-1)
+        bottom = (p.C[ids].mT @ v_theta.unsqueeze(-1) + p.D[ids] @ v_w.unsqueeze(-1)).squeeze(-1)
+        return torch.cat([top, bottom], 1)
+
+    def solve_personal(self, params: torch.Tensor, how: str, steps: int) -> torch.Tensor:
+        """``params`` with w replaced by the exact best response (``exact``) or ``steps``
+        conjugate-gradient iterations from the current w (``cg``)."""
+        theta = params[:, :self.d]
+        w = (self.problem.best_w(self.ids, theta) if how == "exact"
+             else self.problem.cg_w(self.ids, theta, params[:, self.d:], steps))
+        return torch.cat([theta, w], 1)

@@ -1,0 +1,160 @@
+"""Declaring scenario keys once: a documented dataclass field, the values it accepts and when
+it applies.
+
+A key is a dataclass field made by :func:`key`; its metadata holds a one-line ``doc``, an
+optional ``check`` (a :class:`Check`: a value test and the words for what is allowed) and
+an optional ``when`` (a :class:`When`: the key applies only if another key holds one of some
+values). The scenario loader uses them to reject bad values and keys that a scenario sets
+but that would be ignored (``data.partition.*`` with ``gaussian_mixture``, ``execution.deadline``
+in ``async`` mode, ``algorithm.server_betas`` with ``server_optimizer: sgd``); ``raysim list``
+prints the docs. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from omegaconf import OmegaConf
+
+from raysim.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class Check:
+    """A test of a key's value and the words for what is allowed."""
+
+    test: Callable[[Any], bool]
+    allowed: str
+
+    def __call__(self, path: str, value) -> None:
+        if value is not None and not self.test(value):
+            raise ScenarioError(path, value, self.allowed)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+positive = Check(lambda v: _finite(v) and v > 0, "a number > 0")
+non_negative = Check(lambda v: _finite(v) and v >= 0, "a number >= 0")
+positive_int = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer")
+non_negative_int = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
+unit_interval = Check(lambda v: _finite(v) and 0 <= v < 1, "a number in [0, 1)")
+open_unit_interval = Check(lambda v: _finite(v) and 0 < v < 1, "a probability in (0, 1)")
+
+
+def one_of(*names: str) -> Check:
+    """The value is one of ``names``."""
+    return Check(lambda v: v in names, "one of " + ", ".join(sorted(names)))
+
+
+@dataclass(frozen=True)
+class When:
+    """A key applies only when the key at ``path`` holds one of ``values`` (or, with
+    ``negate``, none of them). A ``path`` without a dot names a key of the same section."""
+
+    path: str
+    values: tuple
+    negate: bool = False
+
+    def resolve(self, section: str) -> str:
+        return self.path if "." in self.path else f"{section}.{self.path}" if section else self.path
+
+    def holds(self, cfg, section: str) -> bool:
+        value = OmegaConf.select(cfg, self.resolve(section))
+        value = list(value) if OmegaConf.is_list(value) else value
+        return (value in self.values) != self.negate
+
+    def describe(self, cfg, section: str) -> str:
+        path = self.resolve(section)
+        shown = ", ".join("null" if v is None else str(v) for v in self.values)
+        if len(self.values) > 1:
+            which = f"{path} {'not in' if self.negate else 'in'} {{{shown}}}"
+        else:
+            which = f"{path} {'!=' if self.negate else '='} {shown}"
+        now = OmegaConf.select(cfg, path)
+        now = OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
+        return f"it applies only with {which} (here {path} = {now!r})"
+
+
+def when(path: str, *values, negate: bool = False) -> When:
+    """Shorthand for :class:`When`."""
+    return When(path, tuple(values), negate)
+
+
+def key(default=dataclasses.MISSING, doc: str = "", *, check: Check | None = None,
+        when: When | tuple[When, ...] | None = None, factory: Callable[[], Any] | None = None) -> Any:
+    """A documented scenario key (a dataclass field; ``factory`` for mutable defaults). With
+    several ``when`` conditions the key applies only when all of them hold."""
+    conditions = () if when is None else (when,) if isinstance(when, When) else tuple(when)
+    metadata = {"doc": doc, "check": check, "when": conditions}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def fields_of(schema: type) -> Iterator[dataclasses.Field]:
+    """The fields of a schema dataclass, in declaration order (inherited ones first)."""
+    return iter(dataclasses.fields(schema))
+
+
+def field_of(schema: type, name: str) -> dataclasses.Field | None:
+    """The field ``name`` of a schema dataclass, or None."""
+    return next((f for f in dataclasses.fields(schema) if f.name == name), None)
+
+
+def nested_schema(f: dataclasses.Field) -> type | None:
+    """The dataclass a field holds (a sub-section such as ``data.partition``), or None."""
+    kind = f.type if isinstance(f.type, type) else None
+    if kind is None and f.default_factory is not dataclasses.MISSING:
+        made = f.default_factory()
+        kind = type(made) if dataclasses.is_dataclass(made) else None
+    return kind if kind is not None and dataclasses.is_dataclass(kind) else None
+
+
+def check_values(cfg, schema: type, section: str) -> None:
+    """Apply every key's ``check`` of ``schema`` to the values of ``cfg``'s ``section``."""
+    node = OmegaConf.select(cfg, section) if section else cfg
+    for f in fields_of(schema):
+        check = f.metadata.get("check")
+        if check is not None:
+            check(f"{section}.{f.name}" if section else f.name, node[f.name])
+
+
+def inapplicable(cfg, schema: type, section: str, path: str) -> str | None:
+    """Why the explicitly set key ``path`` (a dotted path inside ``section``, whose schema
+    is ``schema``) would be ignored by this scenario, or None if it applies."""
+    parts = path.split(".")
+    here, prefix = schema, section
+    for part in parts:
+        f = field_of(here, part) if here is not None else None
+        if f is None:
+            return None
+        for condition in f.metadata.get("when", ()):
+            if not condition.holds(cfg, prefix):
+                return condition.describe(cfg, prefix)
+        here, prefix = nested_schema(f), f"{prefix}.{part}" if prefix else part
+    return None
+
+
+def describe(schema: type, values: dict | None = None) -> list[tuple[str, Any, str]]:
+    """(key, default, doc) for every key of ``schema`` (sub-sections flattened with dots);
+    ``values`` overrides the defaults shown."""
+    rows = []
+    values = values or {}
+    for f in fields_of(schema):
+        sub = nested_schema(f)
+        if sub is not None:
+            rows += [(f"{f.name}.{k}", v, d) for k, v, d in describe(sub, values.get(f.name))]
+            continue
+        if f.name in values:
+            default = values[f.name]
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
+        rows.append((f.name, default, f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,55 @@
+"""Random streams never collide: every purpose over small ids and counters, and the benchmark's
+documented ``default_rng([seed, k])`` client streams, give distinct draws."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from raysim.streams import MAX_ID, Purpose, seed_sequence, stream
+
+
+def _fingerprint(rng: np.random.Generator) -> tuple:
+    return tuple(rng.integers(0, 2 ** 63, size=2).tolist())
+
+
+def test_every_stream_is_distinct():
+    seen = {}
+    for seed in (0, 1, 2 ** 40):
+        streams = {("gaussian_mixture client", seed, k): np.random.default_rng([seed, k]) for k in range(64)}
+        for purpose in Purpose:
+            for arity in range(3):  # purposes take up to two ids (client, counter)
+                for ids in itertools.product(range(6), repeat=arity):
+                    streams[(purpose.name, seed, *ids)] = stream(seed, purpose, *ids)
+        for name, rng in streams.items():
+            key = _fingerprint(rng)
+            assert key not in seen, f"{name} collides with {seen[key]}"
+            seen[key] = name
+    assert len(seen) == 3 * (64 + len(Purpose) * (1 + 6 + 36))
+
+
+def test_trailing_zero_ids_and_counters_are_distinct_streams():
+    """numpy's SeedSequence ignores trailing zeros of short entropy lists ([s, 10] equals
+    [s, 10, 0], and default_rng(s) equals [s, 0], the benchmark's client 0, which is why no
+    stream of raysim is default_rng(s)); keyed streams count their ids, so (client 10) and
+    (client 10, counter 0) differ."""
+    assert np.random.default_rng([3, 10]).random() == np.random.default_rng([3, 10, 0]).random()
+    assert np.random.default_rng(3).random() == np.random.default_rng([3, 0]).random()
+    assert stream(3, Purpose.CLIENT_TRAIN, 10).random() != stream(3, Purpose.CLIENT_TRAIN, 10, 0).random()
+
+
+def test_a_stream_is_a_pure_function_of_its_key():
+    a = stream(7, Purpose.SYSTEM_TASK, 12, 3).random(5)
+    b = stream(7, Purpose.SYSTEM_TASK, 12, 3).random(5)
+    assert a.tolist() == b.tolist()
+    assert seed_sequence(7, Purpose.SYSTEM_TASK, 12, 3).spawn_key == (int(Purpose.SYSTEM_TASK), 2, 12, 3)
+
+
+def test_ids_must_fit_one_word():
+    stream(0, Purpose.CLIENT_TRAIN, MAX_ID, 0)
+    with pytest.raises(ValueError, match="stream id 4294967296 of CLIENT_TRAIN"):
+        stream(0, Purpose.CLIENT_TRAIN, MAX_ID + 1)
+    with pytest.raises(ValueError, match="stream id -1"):
+        stream(0, Purpose.CLIENT_TRAIN, -1)
