@@ -22,7 +22,9 @@ from raysim.errors import ScenarioError
 from raysim.schema import check_values, inapplicable, key, when
 from raysim.system.config import SystemConfig
 
-DIGITS, QUADRATIC, LEAF, PARQUET = (when("data.kind", k) for k in ("digits", "quadratic", "leaf_synthetic", "parquet"))
+DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS = (when("data.kind", k) for k in
+                                           ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs"))
+SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 
 
@@ -53,7 +55,11 @@ class DataConfig:
     alpha: float = key(1.0, "leaf_synthetic: model heterogeneity (variance)", when=LEAF)
     beta: float = key(1.0, "leaf_synthetic: data heterogeneity (variance)", when=LEAF)
     test_fraction: float = 0.2  # share of each client's rows held out for testing
-    partition: PartitionConfig = key(doc="digits: the split across clients", factory=PartitionConfig, when=DIGITS)
+    partition: PartitionConfig = key(doc="digits, blobs: the split across clients", factory=PartitionConfig,
+                                     when=SPLIT)
+    num_samples: int = key(20000, "blobs: samples in the centralized set", when=BLOBS)
+    num_features: int = key(64, "blobs: features per sample", when=BLOBS)
+    num_classes: int = key(10, "blobs: classes", when=BLOBS)
     path: Optional[str] = key(None, "parquet: file or directory", when=PARQUET)
     label_column: str = key("label", "parquet: the label column", when=PARQUET)
     client_column: str = key("client_id", "parquet: the client column", when=PARQUET)
@@ -332,7 +338,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
     _positive("data.alpha", d.alpha)
     _positive("data.beta", d.beta)
-    if d.kind == "digits":
+    if d.kind in ("digits", "blobs"):
         p = d.partition
         _one_of("data.partition.kind", p.kind, PARTITIONERS)
         _positive("data.partition.alpha", p.alpha)

@@ -7,16 +7,18 @@ loaded on first use), so a scenario's data can be built and checked while torch 
 from __future__ import annotations
 
 from raysim.data.federated import FederatedDataset
-from raysim.data.generators import digits, gaussian_mixture, leaf_synthetic
+from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
 from raysim.errors import ScenarioError
 
-__all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "QuadraticProblem", "build_dataset", "digits",
+__all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "QuadraticProblem", "blobs", "build_dataset", "digits",
            "gaussian_mixture", "generate_quadratic", "leaf_synthetic", "load_parquet", "open_dataset",
            "partition"]
 
 DATASETS: dict[str, str] = {
+    "blobs": "synthetic Gaussian clusters (two per class, centres of norm 3, unit noise) split over clients "
+             "(keys: num_clients, num_samples, num_features, num_classes, test_fraction, partition.*)",
     "digits": "scikit-learn 8x8 digits split over clients (keys: num_clients, test_fraction, partition.*, "
               "feature_shift, concept_shift)",
     "gaussian_mixture": "10-class Gaussian mixture with per-client shift and label skew, "
@@ -62,6 +64,9 @@ def build_dataset(data_cfg, seed: int):
     if kind == "leaf_synthetic":
         return leaf_synthetic(data_cfg.num_clients, data_cfg.alpha, data_cfg.beta, seed,
                               data_cfg.test_fraction)
+    if kind == "blobs":
+        return blobs(data_cfg.num_clients, data_cfg.num_samples, data_cfg.num_features, data_cfg.num_classes,
+                     data_cfg.partition, data_cfg.test_fraction, seed)
     if kind == "digits":
         return digits(data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed,
                       feature_shift=data_cfg.feature_shift, concept_shift=data_cfg.concept_shift)

@@ -156,3 +156,27 @@ def digits(num_clients: int, partition_cfg, test_fraction: float, seed: int, *,
             pi = _digits_writer_labels(seed, k)
             train_y[k], test_y[k] = pi[train_y[k]], pi[test_y[k]]
     return FederatedDataset.from_clients(train_x, train_y, test_x, test_y, 10, (1, 8, 8))
+
+
+def blobs(num_clients: int, num_samples: int, num_features: int, num_classes: int, partition_cfg,
+          test_fraction: float, seed: int) -> FederatedDataset:
+    """A centralized synthetic classification set split over clients by ``partition_cfg`` (the
+    stand-in for CIFAR-sized data in the FedACG reproductions).
+
+    From the stream ``Purpose.BLOBS``, in order: two cluster centres per class, each a random
+    direction scaled to norm 3 (``num_classes × 2 × num_features``), then ``num_samples`` labels
+    uniform over the classes, a cluster (0 or 1) per sample and ``x = centre + N(0, I)``.
+    """
+    for key, value, low in (("data.num_samples", num_samples, num_clients),
+                            ("data.num_features", num_features, 1), ("data.num_classes", num_classes, 2)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ScenarioError(key, value, f"an integer >= {low}")
+    rng = stream(seed, Purpose.BLOBS)
+    centres = rng.normal(size=(num_classes, 2, num_features))
+    centres *= 3.0 / np.linalg.norm(centres, axis=2, keepdims=True)
+    y = rng.integers(0, num_classes, num_samples)
+    cluster = rng.integers(0, 2, num_samples)
+    x = (centres[y, cluster] + rng.normal(size=(num_samples, num_features))).astype(np.float32)
+    train, test = partition(y, num_clients, partition_cfg, test_fraction, seed)
+    return FederatedDataset.from_clients([x[i] for i in train], [y[i] for i in train],
+                                         [x[i] for i in test], [y[i] for i in test], num_classes, (num_features,))
