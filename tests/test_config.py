@@ -73,7 +73,7 @@ def test_cli_bad_input_has_no_traceback_in_a_real_process():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of digits, gaussian_mixture, "
+    assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of blobs, digits, gaussian_mixture, "
                                    "leaf_synthetic, parquet, quadratic")
 
 

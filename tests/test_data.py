@@ -187,7 +187,7 @@ def test_digits_and_build_dataset():
     assert set(DATASETS) == {"digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic"}
     with pytest.raises(ScenarioError) as excinfo:
         build_dataset(data_cfg("mnist"), seed=0)
-    assert str(excinfo.value) == ("data.kind = 'mnist': expected one of digits, gaussian_mixture, "
+    assert str(excinfo.value) == ("data.kind = 'mnist': expected one of blobs, digits, gaussian_mixture, "
                                   "leaf_synthetic, parquet, quadratic")
     with pytest.raises(ScenarioError, match=r"^data\.num_clients = 0"):
         build_dataset(data_cfg("gaussian_mixture", num_clients=0), seed=0)
