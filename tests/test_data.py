@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from raysim.data import DATASETS, PARTITIONERS, FederatedDataset, build_dataset, partition
-from raysim.data.generators import digits, gaussian_mixture, leaf_synthetic
+from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream
@@ -184,7 +184,7 @@ def test_digits_and_build_dataset():
                               "partition": vars(part_cfg())})
     assert build_dataset(omega, seed=2).table.equals(gaussian_mixture(3, 2).table)
     assert build_dataset(data_cfg("leaf_synthetic", num_clients=2), seed=0).num_clients == 2
-    assert set(DATASETS) == {"digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic"}
+    assert set(DATASETS) == {"blobs", "digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic"}
     with pytest.raises(ScenarioError) as excinfo:
         build_dataset(data_cfg("mnist"), seed=0)
     assert str(excinfo.value) == ("data.kind = 'mnist': expected one of blobs, digits, gaussian_mixture, "
@@ -408,3 +408,18 @@ def test_parquet_errors(tmp_path):
 def test_library_does_not_import_ray():
     code = "import sys, raysim.data; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_blobs_are_split_by_the_partition_and_deterministic():
+    iid = blobs(20, 2000, 8, 5, part_cfg(kind="iid"), 0.25, seed=1)
+    assert iid.num_clients == 20 and iid.num_classes == 5 and iid.feature_shape == (8,)
+    assert int(iid.train_sizes().sum() + iid.test_sizes().sum()) == 2000
+    assert blobs(20, 2000, 8, 5, part_cfg(kind="iid"), 0.25, seed=1).table.equals(iid.table)
+    skewed = blobs(20, 2000, 8, 5, part_cfg(kind="dirichlet", alpha=0.1), 0.25, seed=1)
+    labels, offsets = skewed.labels(), skewed.offsets()
+    classes = [len(np.unique(labels[offsets[k, 0]:offsets[k, 1]])) for k in range(20)]
+    assert np.mean(classes) < 4  # Dirichlet(0.1): most clients see few of the 5 classes
+    x = iid.features()
+    assert 2.0 < float(np.linalg.norm(x, axis=1).mean()) < 5.0  # centres of norm 3 plus unit noise in 8 dims
+    with pytest.raises(ScenarioError, match=r"^data\.num_samples = 10: expected an integer >= 20"):
+        blobs(20, 10, 8, 5, part_cfg(kind="iid"), 0.25, seed=1)
