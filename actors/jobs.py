@@ -1,6 +1,8 @@
 """`raysim submit` and `raysim jobs`: runs as Ray jobs through Ray's Job Submission SDK.
 
-The job ships ``raysim/``, ``actors/`` and ``scenarios/`` as its working_dir and runs
+The job ships the repository (``raysim/``, ``actors/``, ``scenarios/``, ``examples/``) as its
+working_dir, and the local modules of a scenario's custom algorithm, model or data set as its
+``py_modules`` (:func:`local_modules`), and runs
 ``python -m raysim.cli run SCENARIO key=value … --quiet`` on the cluster (the working_dir is
 on the job's ``sys.path``; the package need not be installed there).
 """
@@ -8,10 +10,12 @@ on the job's ``sys.path``; the package need not be installed there).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import shlex
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -54,11 +58,33 @@ def entrypoint(scenario: str, overrides: list) -> str:
     return " ".join(["python -m raysim.cli run", shlex.quote(str(relative)), *map(shlex.quote, overrides), "--quiet"])
 
 
-def submit(address: str, scenario: str, overrides: list, follow: bool, wait: bool, pip: bool) -> int:
-    """Submit a run; print the job id at once; optionally stream its logs; return its exit status."""
+def local_modules(cfg) -> list:
+    """The local code that a scenario's custom ``package.module:name`` entries (``algorithm.name``,
+    ``model.kind``, ``data.kind``) live in, when it lies neither in this repository (the
+    working_dir travels anyway) nor among installed packages: each top-level package directory
+    or module file, to ship as the job's ``py_modules``."""
+    installed = {Path(p).resolve() for k, p in sysconfig.get_paths().items() if k in ("stdlib", "purelib", "platlib")}
+    found = set()
+    for target in (cfg.algorithm.name, cfg.model.kind, cfg.data.kind):
+        if ":" not in target:
+            continue
+        spec = importlib.util.find_spec(target.split(":")[0].split(".")[0])  # importable: checked by validation
+        where = Path(spec.submodule_search_locations[0] if spec.submodule_search_locations else spec.origin).resolve()
+        if not where.is_relative_to(REPO) and not any(where.is_relative_to(p) for p in installed):
+            found.add(str(where))
+    return sorted(found)
+
+
+def submit(address: str, scenario: str, overrides: list, follow: bool, wait: bool, pip: bool,
+           py_modules: list = ()) -> int:
+    """Submit a run (``py_modules``: local code to ship beside the working_dir, see
+    :func:`local_modules`); print the job id at once; optionally stream its logs; return its
+    exit status."""
     jobs = client(address)
     logging.getLogger("ray").setLevel(logging.WARNING)  # no INFO lines about packaging the working_dir
     runtime_env = {"working_dir": str(REPO), "excludes": EXCLUDES}
+    if py_modules:
+        runtime_env["py_modules"] = list(py_modules)
     if pip:
         runtime_env["pip"] = PIP
     job_id = _submit_with_retries(jobs, entrypoint=entrypoint(scenario, overrides), runtime_env=runtime_env,

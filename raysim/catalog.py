@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 
 from raysim.algorithms import keys
 from raysim.errors import ScenarioError
@@ -49,6 +51,8 @@ def import_object(path: str, target: str, what: str):
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ScenarioError(path, target, f"a built-in name or package.module:name of {what}")
+    if os.getcwd() not in sys.path:  # as `python -m` does: modules of the directory the run starts in
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may fail in any way while importing

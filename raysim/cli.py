@@ -11,17 +11,6 @@ from raysim.errors import RunError, ScenarioError
 EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
-def make_runtime(cfg):
-    """The runtime ``runtime.backend`` names (the only place outside actors/ that reaches Ray)."""
-    if cfg.runtime.backend == "local":
-        from raysim.engine.runtime import LocalRuntime
-
-        return LocalRuntime()
-    from actors.runtime import RayRuntime
-
-    return RayRuntime(cfg.runtime)
-
-
 class ProgressBar:
     """tqdm bar over rounds (sync) or applied updates (async), with accuracy and updates per second."""
 
@@ -49,6 +38,7 @@ class ProgressBar:
 
 
 def cmd_run(args) -> int:
+    from raysim.api import make_runtime
     from raysim.config import load_scenario
     from raysim.engine.simulation import prepare, run_scenario
     from raysim.loading import long_lived
@@ -83,37 +73,44 @@ def cmd_validate(args) -> int:
     cfg = load_scenario(args.scenario, args.overrides)
     prepared = prepare(cfg, create_output=False)
     dataset, model = prepared.dataset, prepared.model
+    ex = cfg.execution
+    budget = f"{ex.rounds} rounds" if ex.mode == "sync" else f"async, {ex.concurrency} in flight"
     print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
-          f"algorithm {cfg.algorithm.name}, {cfg.execution.rounds} rounds")
+          f"algorithm {cfg.algorithm.name}, {budget}")
     return 0
 
 
 def cmd_list(args) -> int:
-    from raysim.catalog import ALGORITHMS, MODELS
-    from raysim.config import describe_keys
+    import yaml
+
+    from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
+    from raysim.config import Scenario
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
+    from raysim.schema import describe
 
-    sections = [("datasets (data.kind)", DATASETS), ("partitioners (data.partition.kind, digits)", PARTITIONERS),
-                ("models (model.kind)", MODELS), ("algorithms (algorithm.name)", ALGORITHMS)]
-    for title, table in sections:
-        print(title)
-        for name, text in sorted(table.items()):
-            print(f"  {name:18s} {text}")
-    print("scenario keys (default)")
-    for key, default in describe_keys():
-        print(f"  {key:32s} {default!r}")
+    def keys(rows):
+        return {k: {"default": default, "doc": doc} if doc else {"default": default} for k, default, doc in rows}
+
+    algorithms = {name: {"doc": algorithm_doc(schema), "keys": keys(describe(schema)[1:])}  # [0] is the name
+                  for name, (_, schema) in ALGORITHMS.items()}
+    scenario = [row for row in describe(Scenario) if not row[0].startswith("algorithm")]
+    listing = {"datasets (data.kind)": DATASETS, "partitioners (data.partition.kind)": PARTITIONERS,
+               "models (model.kind)": MODELS, "algorithms (algorithm.name; algorithm.<key>)": algorithms,
+               "scenario keys": keys(scenario)}
+    print(yaml.safe_dump(listing, sort_keys=False, allow_unicode=True, width=110), end="")
     return 0
 
 
 def cmd_submit(args) -> int:
     from raysim.config import load_scenario
 
-    load_scenario(args.scenario, args.overrides)  # bad input fails before anything is submitted
-    from actors.jobs import submit
+    cfg = load_scenario(args.scenario, args.overrides)  # bad input fails before anything is submitted
+    from actors.jobs import local_modules, submit
 
-    return submit(args.address, args.scenario, args.overrides, args.follow, not args.no_wait, not args.no_pip)
+    return submit(args.address, args.scenario, args.overrides, args.follow, not args.no_wait, not args.no_pip,
+                  local_modules(cfg))
 
 
 def cmd_jobs(args) -> int:
@@ -150,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     val.add_argument("scenario")
     val.add_argument("overrides", nargs="*")
     val.set_defaults(func=cmd_validate)
-    lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms and every scenario key")
+    lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms with their keys, and every scenario key, as YAML")
     lst.set_defaults(func=cmd_list)
     sbm = sub.add_parser("submit", help="run a scenario as a Ray job on a cluster (Job Submission SDK)")
     sbm.add_argument("scenario", help="scenario YAML file inside this repository (it travels with the job)")

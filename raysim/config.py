@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
@@ -65,6 +65,7 @@ class DataConfig:
     client_column: str = key("client_id", "parquet: the client column", when=PARQUET)
     feature_columns: Optional[List[str]] = key(None, "parquet: feature columns (null: all others)", when=PARQUET)
     image_shape: Optional[List[int]] = key(None, "parquet: the shape of one image (cnn)", when=PARQUET)
+    options: Dict[str, Any] = key(doc="a custom data.kind's keyword arguments", factory=dict)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class ModelConfig:
                                               when=when("personal", "adapter"))
     personal_init: str = "random"  # random | zero | global: w at each client visit
     personal_state: str = "stateless"  # stateless | stateful (w kept per client between visits)
+    options: Dict[str, Any] = key(doc="a custom model.kind's keyword arguments", factory=dict)
 
 
 @dataclass
@@ -168,8 +170,9 @@ class Scenario:
 TOP_LEVEL_KEYS = tuple(Scenario.__dataclass_fields__)
 
 
-def load_scenario(path: Optional[str], overrides: List[str] = ()) -> DictConfig:
-    """Merge a scenario file and ``key=value`` overrides onto the schema and validate.
+def load_scenario(source, overrides: List[str] = ()) -> DictConfig:
+    """Merge a scenario (a YAML file's path, a mapping of keys, a scenario loaded before, or
+    None) and ``key=value`` overrides onto the schema and validate.
 
     The ``algorithm`` section's schema is the keys dataclass of the algorithm it names
     (:func:`raysim.catalog.algorithm_keys`). Keys that the scenario sets but that would be
@@ -178,12 +181,15 @@ def load_scenario(path: Optional[str], overrides: List[str] = ()) -> DictConfig:
     """
     schema = OmegaConf.structured(Scenario)
     layers = []
-    if path is not None:
-        layers.append(_read_yaml(path))
+    if isinstance(source, (dict, DictConfig)):
+        layers.append(OmegaConf.create(OmegaConf.to_container(source) if isinstance(source, DictConfig) else source))
+    elif source is not None:
+        layers.append(_read_yaml(os.fspath(source)))
     layers.append(_parse_overrides(overrides))
     algorithm_layers = [_take_algorithm(layer) for layer in layers]
-    explicit = [p for layer in layers for p in _leaf_paths(layer)]
-    explicit += [f"algorithm.{p}" for layer in algorithm_layers for p in _leaf_paths(layer)]
+    loaded = 1 if isinstance(source, DictConfig) else 0  # a loaded scenario holds every key: none is "set"
+    explicit = [p for layer in layers[loaded:] for p in _leaf_paths(layer)]
+    explicit += [f"algorithm.{p}" for layer in algorithm_layers[loaded:] for p in _leaf_paths(layer)]
     cfg = schema
     for layer in layers:
         _check_unknown_keys(layer, schema)
@@ -273,7 +279,8 @@ def _check_unknown_keys(layer: DictConfig, schema: DictConfig, prefix: str = "",
             allowed = ", ".join(str(k) for k in schema.keys()) or "no key yet"
             raise ScenarioError(path, _raw(layer, key), f"{what}; allowed here: {allowed}")
         sub, child = schema[key], layer._get_node(key)
-        if isinstance(sub, DictConfig) and isinstance(child, DictConfig):
+        free_form = isinstance(sub, DictConfig) and OmegaConf.get_type(sub) is dict  # e.g. model.options
+        if isinstance(sub, DictConfig) and isinstance(child, DictConfig) and not free_form:
             _check_unknown_keys(child, sub, path + ".", what)
 
 
@@ -320,6 +327,20 @@ def _non_negative(key: str, value) -> None:
     _check(value >= 0, key, value, "a number >= 0")
 
 
+def _custom_or_one_of(path: str, name: str, builtins, options, what: str) -> None:
+    """``name`` is a built-in, or ``package.module:function`` that imports to a callable; the
+    section's ``options`` (keyword arguments) are only for such a function."""
+    from raysim.catalog import import_object
+
+    if ":" not in name:
+        _one_of(path, name, builtins)
+        section = path.rsplit(".", 1)[0]
+        _check(not options, f"{section}.options", OmegaConf.to_container(options), f"no setting (it applies only "
+               f"with a custom {path}: package.module:function; here {path} = {name!r})")
+    elif not callable(import_object(path, name, what)):
+        raise ScenarioError(path, name, what)
+
+
 def validate(cfg: DictConfig, explicit=()) -> None:
     """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
     paths the scenario sets) would be ignored; raise ScenarioError on the first bad one."""
@@ -333,7 +354,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _non_negative("seed", cfg.seed)
 
     d = cfg.data
-    _one_of("data.kind", d.kind, DATASETS)
+    _custom_or_one_of("data.kind", d.kind, DATASETS, d.options, "a function returning a raysim.data.FederatedDataset")
     _positive("data.num_clients", d.num_clients, integer=True)
     _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
     _positive("data.alpha", d.alpha)
@@ -360,7 +381,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
             _positive(f"data.{key}", d[key], integer=True)
 
     m = cfg.model
-    _one_of("model.kind", m.kind, MODELS)
+    _custom_or_one_of("model.kind", m.kind, MODELS, m.options, "a function returning a torch.nn.Module")
     _check((m.kind == "quadratic") == (d.kind == "quadratic"), "model.kind", m.kind,
            "quadratic with data.kind=quadratic" if d.kind == "quadratic"
            else "a model for row data (not quadratic, which needs data.kind=quadratic)")
@@ -469,17 +490,3 @@ def scenario_object(container: dict) -> Scenario:
 def to_yaml(cfg: DictConfig) -> str:
     """The resolved scenario as YAML text."""
     return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def describe_keys(node=None, prefix: str = "") -> List[tuple]:
-    """(key path, default) for every key of the schema, for docs and ``raysim list``."""
-    node = OmegaConf.structured(Scenario) if node is None else node
-    rows = []
-    for key in node.keys():
-        value = node[key]
-        path = f"{prefix}{key}"
-        if isinstance(value, DictConfig):
-            rows.extend(describe_keys(value, path + "."))
-        else:
-            rows.append((path, OmegaConf.to_container(value) if isinstance(value, ListConfig) else value))
-    return rows

@@ -174,3 +174,38 @@ def test_keys_that_do_not_apply_are_errors(tmp_path, overrides, message):
 def test_a_custom_algorithm_class_is_built_with_its_own_keys(tmp_path):
     cfg = small_scenario(tmp_path, "algorithm.name=raysim.algorithms.fedavg:FedProx", "algorithm.prox_mu=0.2")
     assert cfg.algorithm.prox_mu == 0.2 and cfg.algorithm.batch_size == 10
+
+
+def test_oracles_give_hessian_vector_products():
+    """The row oracle's double-backward product matches a finite difference of its gradients, and
+    the quadratic oracle's closed form matches autograd's Hessian of the problem's value."""
+    from raysim.algorithms.oracles import QuadraticOracle, RowOracle, minibatch_plan
+    from raysim.config import ModelConfig
+    from raysim.data.quadratic import generate_quadratic
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (30,), generator=gen)
+    model = build_model(ModelConfig(kind="mlp", hidden=[5], activation="tanh"), (4,), 3, seed=0)
+    offsets = np.array([[0, 12, 15], [15, 27, 30]])
+    plan = minibatch_plan(offsets[:, 0], offsets[:, 1] - offsets[:, 0], [np.random.default_rng(i) for i in range(2)],
+                          4, 1, 2)
+    oracle = RowOracle(model, x, y, offsets, plan, torch.device("cpu"))
+    params = model.initial_vector().double().expand(2, -1).clone()
+    model.module.double()
+    v = torch.randn(params.shape, generator=gen, dtype=torch.float64)
+    eps = 1e-6
+    plus, _ = oracle.gradient(params + eps * v, 0)
+    minus, _ = oracle.gradient(params - eps * v, 0)
+    torch.testing.assert_close(oracle.hvp(params, v, 0), (plus - minus) / (2 * eps), rtol=1e-5, atol=1e-7)
+
+    problem = generate_quadratic(3, 20, 4, 2, seed=0)
+    quad = QuadraticOracle(problem, np.arange(3), None)
+    p = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    w = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    for c in range(3):
+        def value(row, c=c):
+            return problem.value(np.array([c]), row[None, :4], row[None, 4:])[0]
+        hessian = torch.autograd.functional.hessian(value, p[c])
+        torch.testing.assert_close(quad.hvp(p, w, None)[c], hessian @ w[c])
+        grad = torch.autograd.functional.jacobian(value, p[c])
+        torch.testing.assert_close(quad.gradient(p, None)[0][c], grad)

@@ -77,9 +77,23 @@ def test_cli_bad_input_has_no_traceback_in_a_real_process():
                                    "leaf_synthetic, parquet, quadratic")
 
 
-def test_list_shows_names_and_keys(capsys):
+def test_list_shows_names_and_keys_as_yaml(capsys):
+    import yaml
+
+    from raysim.catalog import ALGORITHMS
+
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    for name in ["gaussian_mixture", "leaf_synthetic", "digits", "parquet", "dirichlet", "pathological",
-                 "logreg", "mlp", "cnn", "fedavg", "runtime.gpus_per_actor", "execution.clients_per_round"]:
-        assert name in out
+    listing = yaml.safe_load(capsys.readouterr().out)
+    assert {"blobs", "digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic"} == \
+        set(listing["datasets (data.kind)"])
+    assert {"dirichlet", "pathological"} <= set(listing["partitioners (data.partition.kind)"])
+    assert {"logreg", "mlp", "cnn"} <= set(listing["models (model.kind)"])
+    algorithms = listing["algorithms (algorithm.name; algorithm.<key>)"]
+    assert set(algorithms) == set(ALGORITHMS)
+    assert algorithms["fedprox"]["keys"]["prox_mu"] == {"default": 0.01, "doc": "μ of the proximal term "
+                                                        "(μ/2)‖v − θ‖² added to the local loss"}
+    assert algorithms["fedacg"]["keys"]["acg_lambda"]["default"] == 0.85
+    assert "server_optimizer" not in algorithms["fedacg"]["keys"] and algorithms["fedacg"]["doc"].startswith("FedACG")
+    keys = listing["scenario keys"]
+    assert keys["runtime.gpus_per_actor"] == {"default": 0.0}
+    assert keys["execution.deadline"]["doc"].startswith("sync:") and keys["data.partition.kind"] == {"default": "iid"}

@@ -93,3 +93,36 @@ def test_plain_ray_job_submit_works_too(head, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "succeeded" in proc.stdout.lower()
     assert json.loads((out / "summary.json").read_text())["rounds"] == 1
+
+
+EXT = '''
+from torch import nn
+from raysim.algorithms.fedavg import FedAvg
+
+class Damped(FedAvg):
+    """FedAvg that applies half of the averaged update (a custom algorithm outside the repository)."""
+
+    def server_direction(self, state, aggregate, updates, weights):
+        return 0.5 * aggregate, state.extra, {}
+
+def net(feature_shape, num_classes, width=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(feature_shape[0], width), nn.ReLU(), nn.Linear(width, num_classes))
+'''
+
+
+def test_submit_ships_a_custom_algorithm_and_model_from_outside_the_repository(head, tmp_path):
+    package = tmp_path / "ext" / "my_ext"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "parts.py").write_text(EXT)
+    out = tmp_path / "custom"
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "submit", "scenarios/examples/fednova.yaml",
+                           "algorithm.name=my_ext.parts:Damped", "model.kind=my_ext.parts:net", "execution.rounds=2",
+                           f"output.dir={out}", "runtime.backend=ray", "--address", head, "--follow"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(tmp_path / "ext")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["backend"] == "ray"
+    assert summary["model"]["kind"] == "my_ext.parts:net" and summary["model"]["parameters"] == 60 * 32 + 32 + 32 * 10 + 10
+    assert "my_ext.parts:Damped" in (out / "scenario.yaml").read_text()

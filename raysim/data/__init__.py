@@ -54,11 +54,16 @@ def __getattr__(name: str):
 def build_dataset(data_cfg, seed: int):
     """Build the dataset that ``data_cfg.kind`` names (see ``DATASETS``) with ``seed``.
 
+    ``kind`` may also be ``package.module:function``: it is called with ``num_clients``,
+    ``test_fraction``, ``seed`` and the keyword arguments ``data.options``.
+
     ``num_clients`` is the number of clients to generate or split into, except for ``parquet``,
     where it is ignored: the file's client column decides. ``gaussian_mixture`` ignores
     ``test_fraction`` (it always holds out 10 rows per client).
     """
     kind = data_cfg.kind
+    if ":" in kind:
+        return _custom(data_cfg, seed)
     if kind == "gaussian_mixture":
         return gaussian_mixture(data_cfg.num_clients, seed)
     if kind == "leaf_synthetic":
@@ -82,3 +87,17 @@ def build_dataset(data_cfg, seed: int):
                             None if image_shape is None else list(image_shape),
                             data_cfg.test_fraction, seed)
     raise ScenarioError("data.kind", kind, "one of " + ", ".join(sorted(DATASETS)))
+
+
+def _custom(data_cfg, seed: int) -> FederatedDataset:
+    """A user's ``package.module:function(num_clients=, test_fraction=, seed=, **data.options)``."""
+    from raysim.catalog import import_object
+
+    what = "a function returning a raysim.data.FederatedDataset"
+    options = dict(getattr(data_cfg, "options", None) or {})
+    dataset = import_object("data.kind", data_cfg.kind, what)(num_clients=data_cfg.num_clients,
+                                                                test_fraction=data_cfg.test_fraction, seed=seed,
+                                                                **options)
+    if not isinstance(dataset, FederatedDataset):
+        raise ScenarioError("data.kind", data_cfg.kind, f"{what} (it returned {type(dataset).__name__})")
+    return dataset

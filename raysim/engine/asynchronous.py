@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from raysim.algorithms import ClientUpdates
 from raysim.engine.clock import Event, EventQueue
 from raysim.engine.host import Task
+from raysim.engine.run_state import pack_updates, unpack_updates
 from raysim.errors import DivergenceError
 
 
@@ -37,14 +40,25 @@ class InFlight:
     """A dispatched task: the model version it started from and where its result will come from."""
 
     version: int
+    payload: dict  # the payload of ``version``
     start: float
     failed: bool
     call: int = -1  # index of the runtime call carrying it (-1: not sent yet)
     index: int = 0  # position in that call's results
 
+    @property
+    def unsent(self) -> bool:
+        """Dispatched, will not fail, and not yet sent to a host."""
+        return self.call < 0 and not self.failed
+
 
 @dataclass
 class Call:
+    """A runtime call: its task as sent (client states included), the payloads of the task's
+    model versions, its pending result and how many of its results are still to be used."""
+
+    task: Task
+    payloads: dict
     pending: object
     remaining: int
     results: list | None = None
@@ -68,6 +82,51 @@ class AsyncDriver:
 
     def versions_in_use(self):
         return {e.data.version for e in self.unsent}
+
+    def snapshot(self) -> dict:
+        """The driver's part of the run state, plain content: whether it has started; the tasks in
+        flight (``in_flight``: the unsent ones first, in dispatch order, then the others in
+        completion order; each with its completion time, client, counter, model version, virtual
+        start, failed flag, and call and position in it); the tasks of the calls whose results
+        are still needed (``calls``, by call number; re-sent on restore); ``next_call``; the
+        FedBuff buffer (packed ClientUpdates and staleness weights); the ``busy`` clients; and
+        the ``payloads`` of every model version those tasks start from."""
+        events = self.unsent + [e for e in self.queue.events() if not e.data.unsent]
+        payloads = {e.data.version: e.data.payload for e in events}
+        for call in self.calls.values():
+            payloads.update(call.payloads)
+        return {
+            "started": self.started,
+            "in_flight": [{"time": float(e.time), "client_id": e.client_id, "counter": e.counter,
+                           "version": e.data.version, "start": float(e.data.start), "failed": e.data.failed,
+                           "call": e.data.call, "index": e.data.index} for e in events],
+            "calls": {number: dict(vars(call.task)) for number, call in self.calls.items()},
+            "next_call": self.next_call,
+            "buffer": [(pack_updates(update), weight) for update, weight in self.buffer],
+            "busy": torch.from_numpy(self.busy.copy()),
+            "payloads": payloads,
+        }
+
+    def restore(self, state: dict) -> None:
+        """Continue from :meth:`snapshot`: rebuild the event queue, broadcast the payloads again
+        and re-send the calls whose results are still needed (they compute the same results)."""
+        s, payloads = self.s, state["payloads"]
+        s.publish(payloads)
+        self.started, self.next_call = state["started"], state["next_call"]
+        self.buffer = [(unpack_updates(packed), weight) for packed, weight in state["buffer"]]
+        self.busy = state["busy"].numpy().copy()
+        self.queue, self.unsent, self.calls = EventQueue(), [], {}
+        remaining = Counter()
+        for r in state["in_flight"]:
+            info = InFlight(r["version"], payloads[r["version"]], r["start"], r["failed"], r["call"], r["index"])
+            event = Event(r["time"], r["client_id"], r["counter"], info)
+            self.queue.push(event)
+            remaining[info.call] += 1
+            if info.unsent:
+                self.unsent.append(event)
+        for number, sent in state["calls"].items():
+            task = Task(**sent)
+            self._submit(number, task, {v: payloads[v] for v in task.versions}, remaining[number])
 
     def step(self) -> None:
         s = self.s
@@ -155,9 +214,11 @@ class AsyncDriver:
         counter = s.counter
         timing = s.timing(clients, np.full(len(clients), counter))
         s.payload_handle()
+        payload = s.payload()
         for i, c in enumerate(clients):
             failed = bool(timing.failed[i])
-            event = Event(s.clock + float(timing.known_at_s[i]), int(c), counter, InFlight(s.version, s.clock, failed))
+            event = Event(s.clock + float(timing.known_at_s[i]), int(c), counter,
+                          InFlight(s.version, payload, s.clock, failed))
             self.queue.push(event)
             if not failed:
                 self.unsent.append(event)
@@ -173,15 +234,21 @@ class AsyncDriver:
         size = s.task_size
         for first in range(0, len(self.unsent), size):
             group = self.unsent[first:first + size]
-            versions = tuple(e.data.version for e in group)
-            task = Task("train", tuple(e.client_id for e in group), tuple(e.counter for e in group), versions)
-            pending = s.runtime.submit(self.next_actor, s.handles(set(versions)), s.with_states([task]))
-            self.next_actor = (self.next_actor + 1) % s.runtime.num_actors
-            self.calls[self.next_call] = Call(pending, len(group))
+            task = Task("train", tuple(e.client_id for e in group), tuple(e.counter for e in group),
+                        tuple(e.data.version for e in group))
+            self._submit(self.next_call, s.with_states([task])[0], {e.data.version: e.data.payload for e in group},
+                         len(group))
             for index, event in enumerate(group):
                 event.data.call, event.data.index = self.next_call, index
             self.next_call += 1
         self.unsent = []
+
+    def _submit(self, number: int, task: Task, payloads: dict, remaining: int) -> None:
+        """Send ``task`` as call ``number`` to the next actor."""
+        s = self.s
+        pending = s.runtime.submit(self.next_actor, s.handles(set(task.versions)), [task])
+        self.next_actor = (self.next_actor + 1) % s.runtime.num_actors
+        self.calls[number] = Call(task, payloads, pending, remaining)
 
     def _result(self, event: Event) -> ClientUpdates:
         info: InFlight = event.data

@@ -30,5 +30,9 @@ class EventQueue:
     def pop(self) -> Event:
         return heapq.heappop(self._heap)[3]
 
+    def events(self) -> list:
+        """The queued events in the order they will be popped (the queue is left as it is)."""
+        return [entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3])]
+
     def __len__(self) -> int:
         return len(self._heap)

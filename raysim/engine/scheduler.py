@@ -20,6 +20,7 @@ from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import GlobalEvaluator, QuadraticEvaluator
+from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
 from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
@@ -99,6 +100,22 @@ class Scheduler:
         return {"params": params.clone(), "model_sha256": sha256(params), "virtual_time": self.clock,
                 "server_steps": self.version, "client_updates": self.applied, "system": self.system.describe()}
 
+    def run_state(self) -> RunState:
+        """Everything the run needs to continue, as one object (call it between :meth:`advance` calls)."""
+        return RunState(server=self.state, client_state=dict(self.client_state), clock=float(self.clock),
+                        version=self.version, counter=self.counter, applied=self.applied,
+                        last_eval=dict(self.last_eval), done=self.done, driver=self.driver.snapshot())
+
+    def restore(self, state: RunState) -> None:
+        """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
+        (rows not yet returned by :meth:`advance` are dropped)."""
+        self.state, self.client_state = state.server, dict(state.client_state)
+        self.clock, self.version, self.counter, self.applied = state.clock, state.version, state.counter, state.applied
+        self.last_eval, self.done = dict(state.last_eval), state.done
+        self._rounds, self._events = [], []
+        self._handles, self._payload = {}, (-1, None)
+        self.driver.restore(state.driver)
+
     # ------------------------------------------------------------------ services for drivers
 
     def payload_handle(self) -> dict:
@@ -109,6 +126,11 @@ class Scheduler:
                 self._handles = {v: h for v, h in self._handles.items() if v in in_use}
             self._handles[self.version] = self.runtime.broadcast(self.payload())
         return {self.version: self._handles[self.version]}
+
+    def publish(self, payloads: dict) -> None:
+        """Broadcast the payloads of earlier model versions ({version: payload}) that restored
+        tasks start from."""
+        self._handles.update({v: self.runtime.broadcast(p) for v, p in payloads.items()})
 
     def payload(self) -> dict:
         """What clients receive from the current server state (built once per version)."""

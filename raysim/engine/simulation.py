@@ -49,6 +49,7 @@ class Prepared:
     dataset: FederatedDataset | QuadraticProblem
     model: FlatModel
     output: OutputDir
+    final_params: object = None  # the final global parameters, once run_scenario has finished
 
 
 def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | None = None) -> Prepared:
@@ -124,6 +125,7 @@ def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began
     finally:
         rounds_log.close()
         events_log.close()
+    prepared.final_params = final["params"]
     if cfg.output.save_model:
         out.save_torch("model.pt", prepared.model.state_dict(final["params"]))
     last = report["last_eval"]
@@ -138,6 +140,8 @@ def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began
         "steady_updates_per_second": _steady_rate(rows),
         "system": final["system"], "actors": runtime.describe(),
         "split": describe_split(prepared.model.module, prepared.model.personal),
+        "model": {"kind": cfg.model.kind, "parameters": prepared.model.size,
+                  "feature_shape": list(prepared.dataset.feature_shape), "num_classes": prepared.dataset.num_classes},
     }
     out.write_text("summary.json", json.dumps(summary, indent=2, default=float) + "\n")
     return summary

@@ -49,6 +49,13 @@ class SyncDriver:
     def versions_in_use(self):
         return ()
 
+    def snapshot(self) -> dict:
+        """The driver's part of the run state: nothing, rounds keep no state between them."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Continue from :meth:`snapshot` (nothing to restore)."""
+
     def step(self) -> None:
         s, ex = self.s, self.s.cfg.execution
         began = time.perf_counter()

@@ -41,6 +41,20 @@ class OutputDir:
         with self.fs.open_output_stream(self.path(name)) as stream:
             stream.write(data)
 
+    def reader(self, name: str):
+        """A readable binary file object for file ``name`` (FileNotFoundError if missing)."""
+        return self.fs.open_input_file(self.path(name))
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.reader(name) as stream:
+            return stream.read()
+
+    def read_table(self, name: str):
+        """A Parquet file of the directory as a pyarrow Table."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.path(name), filesystem=self.fs)
+
     def write_text(self, name: str, text: str) -> None:
         self.write_bytes(name, text.encode())
 

@@ -1,5 +1,5 @@
-"""Model zoo: ``logreg``, ``mlp``, a small ``cnn`` and the ``quadratic`` model (θ, w), built
-deterministically from the seed, with the split of parameters into global θ and personal w
+"""Model zoo: ``logreg``, ``mlp``, a small ``cnn`` and the ``quadratic`` model (θ, w), or a
+user's ``package.module:factory``, built deterministically from the seed, with the split of parameters into global θ and personal w
 (``model.personal``, see :mod:`raysim.models.split`)."""
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def build_model(model_cfg, feature_shape: tuple, num_classes: int, seed: int) ->
 
 
 def _module(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
+    if ":" in cfg.kind:
+        return _custom(cfg, feature_shape, num_classes)
     if cfg.kind == "quadratic":
         if num_classes != 0:
             raise ScenarioError("model.kind", "quadratic", "data.kind=quadratic (the model of that problem)")
@@ -72,3 +74,14 @@ def _module(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
             channels = out
         return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * height * width, num_classes))
     raise ScenarioError("model.kind", cfg.kind, "one of " + ", ".join(sorted(MODELS)))
+
+
+def _custom(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
+    """A user's ``package.module:factory(feature_shape, num_classes, **model.options)``."""
+    from raysim.catalog import import_object
+
+    what = "a function returning a torch.nn.Module"
+    module = import_object("model.kind", cfg.kind, what)(feature_shape, num_classes, **dict(cfg.options or {}))
+    if not isinstance(module, nn.Module):
+        raise ScenarioError("model.kind", cfg.kind, f"{what} (it returned {type(module).__name__})")
+    return module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import torch
@@ -47,6 +48,12 @@ class FlatModel:
         """Move the wrapped module (its structure; parameters come from vectors)."""
         self.module.to(device)
         return self
+
+    def module_at(self, flat: torch.Tensor) -> nn.Module:
+        """A copy of the wrapped module holding the parameters ``flat``, in eval mode."""
+        module = copy.deepcopy(self.module).cpu()
+        module.load_state_dict(self.state_dict(flat))
+        return module.eval()
 
     def state_dict(self, flat: torch.Tensor) -> dict:
         """A regular ``state_dict`` for ``flat``, loadable into the module."""

@@ -1,0 +1,80 @@
+"""The Python API: run a scenario and get its results; load a saved model.
+
+    result = raysim.run("scenarios/quickstart.yaml", ["execution.rounds=5"])
+    result.summary["final_test_accuracy"], result.rounds.to_pandas(), result.model(x)
+    model = raysim.load_model(result.output_dir)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from raysim.metrics import OutputDir
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the summary (as in summary.json), the rounds and events tables (as in
+    the Parquet files), the final global model as a ``torch.nn.Module`` and where the files are."""
+
+    summary: dict
+    rounds: pa.Table
+    events: pa.Table
+    model: Any  # torch.nn.Module
+    output_dir: str
+
+
+def make_runtime(cfg):
+    """The runtime ``runtime.backend`` names (the only place outside actors/ that reaches Ray)."""
+    if cfg.runtime.backend == "local":
+        from raysim.engine.runtime import LocalRuntime
+
+        return LocalRuntime()
+    from actors.runtime import RayRuntime
+
+    return RayRuntime(cfg.runtime)
+
+
+def run(scenario, overrides: Sequence[str] = (), progress=None) -> RunResult:
+    """Run ``scenario`` (a YAML path, or a mapping of scenario keys) with ``key=value``
+    ``overrides``, as ``raysim run`` does; bad input raises :class:`raysim.errors.ScenarioError`
+    before any runtime starts, a failed run :class:`raysim.errors.RunError` (rows written so far
+    stay in the output directory). ``progress(report)`` sees each report of the scheduler."""
+    from raysim.config import load_scenario
+    from raysim.engine.simulation import prepare, run_scenario
+
+    cfg = load_scenario(scenario, list(overrides))
+    runtime = make_runtime(cfg)
+    try:
+        prepared = prepare(cfg, meanwhile=runtime.start)
+        summary = run_scenario(cfg, prepared, runtime, progress=progress)
+    finally:
+        runtime.close()
+    out = prepared.output
+    return RunResult(summary, out.read_table("rounds.parquet"), out.read_table("events.parquet"),
+                     prepared.model.module_at(prepared.final_params), str(cfg.output.dir))
+
+
+def load_model(run_dir: str):
+    """The final model a run saved (``model.pt`` of its output directory, a path or URI) as a
+    ``torch.nn.Module`` in eval mode, rebuilt from the run's scenario.yaml and summary.json."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from raysim.models import build_model
+
+    out = OutputDir.open(run_dir, create=False)
+    try:
+        scenario = OmegaConf.create(out.read_bytes("scenario.yaml").decode())
+        shape = json.loads(out.read_bytes("summary.json"))["model"]
+        weights = torch.load(out.reader("model.pt"), weights_only=True)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{run_dir} is not a finished run with a saved model "
+                                f"(output.save_model: true): {exc}") from None
+    model = build_model(scenario.model, tuple(shape["feature_shape"]), shape["num_classes"], scenario.seed)
+    model.module.load_state_dict(weights)
+    return model.module.eval()

@@ -1,0 +1,79 @@
+"""The run state: everything a run needs to continue, as one object that saves to a file.
+
+:meth:`Scheduler.run_state() <raysim.engine.scheduler.Scheduler.run_state>` takes a
+:class:`RunState` between two server steps (any time :meth:`Scheduler.advance` has returned);
+:meth:`Scheduler.restore` puts one into a scheduler built from the same scenario, and the run
+goes on exactly as if it had never stopped: the same rows (wall-clock columns aside), events and
+final ``model_sha256``, on any backend and number of actors.
+
+What it holds: the server state (parameters, server optimizer, the algorithm's own state, last
+diagnostics), each client's kept state (stateful algorithms), the virtual clock, the server
+version, the dispatch counter, the applied updates, the latest evaluation, whether the run is
+done, and the driver's own state (:meth:`SyncDriver.snapshot`, :meth:`AsyncDriver.snapshot`):
+nothing for synchronous rounds; for asynchronous runs the tasks in flight, the FedBuff buffer not
+yet applied, the busy clients and the payloads of the model versions those tasks start from. A
+task in flight is kept as what defines it, never as a pending call: client work is a pure
+function of (seed, client, dispatch counter, payload, client state), so a task whose result was
+not yet known is computed again after a restore, with the same result.
+
+Caches (the broadcast payloads, the system model's availability coins) are rebuilt. Wall-clock
+time is not state: rows after a restore count wall time from the restoring scheduler's start.
+
+:meth:`RunState.save` writes plain content only (tensors, numbers, strings, lists, tuples, dicts;
+numpy arrays become tensors of the same dtype) with ``torch.save``, and :meth:`RunState.load` reads
+it back with ``torch.load(weights_only=True)``: every tensor keeps its dtype and bytes, every float
+its bits. A state shares tensors with the run it was taken from (they are never changed in place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from raysim.algorithms import ClientUpdates
+from raysim.algorithms.base import ServerState
+
+
+@dataclass
+class RunState:
+    """A run between two server steps (see the module docstring)."""
+
+    server: ServerState  # parameters, server optimizer state, the algorithm's state, last diagnostics
+    client_state: dict  # client id -> kept state (a dict of tensors) of a stateful algorithm
+    clock: float  # virtual seconds
+    version: int  # server model version (server steps taken)
+    counter: int  # dispatches so far (seeds each task's random streams with the client id)
+    applied: int  # client updates applied
+    last_eval: dict  # the latest evaluation: test_loss, test_accuracy, personalized_accuracy
+    done: bool  # the run has ended
+    driver: dict  # the driver's own state: plain content, see SyncDriver/AsyncDriver.snapshot
+
+    def save(self, file) -> None:
+        """Write the state to a path or a binary file object (``torch.save``)."""
+        content = {f.name: getattr(self, f.name) for f in fields(self)}
+        torch.save({**content, "server": {f.name: getattr(self.server, f.name) for f in fields(self.server)}}, file)
+
+    @classmethod
+    def load(cls, file) -> RunState:
+        """Read a state that :meth:`save` wrote (``torch.load(weights_only=True)``: plain content only)."""
+        content = torch.load(file, weights_only=True)
+        return cls(**{**content, "server": ServerState(**content["server"])})
+
+
+def pack_updates(updates: ClientUpdates) -> dict:
+    """ClientUpdates as plain content: its numpy arrays become tensors of the same dtype and bytes."""
+    arrays, other = {}, {}
+    for f in fields(updates):
+        value = getattr(updates, f.name)
+        if isinstance(value, np.ndarray):
+            arrays[f.name] = torch.from_numpy(value.copy())
+        else:
+            other[f.name] = value
+    return {"arrays": arrays, "other": other}
+
+
+def unpack_updates(packed: dict) -> ClientUpdates:
+    """The ClientUpdates that :func:`pack_updates` packed."""
+    return ClientUpdates(**packed["other"], **{name: t.numpy() for name, t in packed["arrays"].items()})
