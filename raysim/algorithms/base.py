@@ -70,12 +70,6 @@ class ClientUpdates:
     compute_seconds: np.ndarray | None = None  # [C] wall seconds attributed to each client
     actor: np.ndarray | None = None  # [C] index of the actor that ran it
 
-    @property
-    def sent_per_client(self) -> int:
-        """Numbers each client sent to the server (the vector and the extras)."""
-        n = len(self.client_ids)
-        return sum(t.numel() // n for t in (self.vector, *self.extras.values())) if n else 0
-
     def first_nonfinite(self):
         """Index of the first client (in row order) with a non-finite loss or update, or None."""
         bad = ~np.isfinite(self.train_loss)

@@ -106,7 +106,7 @@ class QuadraticUnitKeys:
 
 @dataclass
 class FedAvgKeys(ServerKeys, MinibatchKeys):
-    """FedAvg and FedAvg with a server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad)."""
+    """FedAvg: local minibatch SGD, weighted averaging, then any server optimizer (server_optimizer)."""
 
 
 def fixed_optimizer(name: str, algorithm: str):
