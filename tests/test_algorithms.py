@@ -1,5 +1,5 @@
 """The algorithm core: equivalences between methods, server rules computed by hand, client
-transforms, the work and bytes a task declares, the [SO] model applied to every algorithm, and
+transforms, the work and bytes a task declares, the unreliable-agent model applied to every algorithm, and
 keys that do not apply to the chosen algorithm, data kind or mode."""
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ class ClientContext:
     def plan(self, steps: int | None, batch_size: int = 1, epochs: int = 1, full_batch: bool = False) -> StepPlan:
         """The task's local steps: minibatches of ``batch_size`` (``steps`` of them, or ``epochs``
         passes when ``steps`` is None), or ``steps`` full-batch steps (always, on quadratic data).
-        The [SO] model's E_k and δ_k apply."""
+        The unreliable-agent model's E_k and δ_k apply."""
         if self.quadratic or full_batch:
             return counted_plan(self.rngs, steps, self.local_steps, self.participation)
         starts = self.data.offsets[self.client_ids, 0]
@@ -190,7 +190,7 @@ class ClientContext:
     def transform(self, plan: StepPlan, lr, *terms: transforms.ClientTransform, weight_decay: float = 0.0,
                   max_grad_norm: float | None = None, only: torch.Tensor | None = None) -> transforms.ClientTransform:
         """The chain of a local step: the algorithm's ``terms`` (proximal, correction), gradient
-        clipping, weight decay, the [SO] model's noise and participation scaling, a mask of the
+        clipping, weight decay, the unreliable-agent model's noise and participation scaling, a mask of the
         entries that move (``only``), and the step size ``lr``."""
         parts = list(terms)
         if max_grad_norm is not None:
@@ -352,7 +352,7 @@ class Algorithm:
     # ------------------------------------------------------------------ cost
 
     def local_steps_of(self, sizes: np.ndarray, client_steps: np.ndarray) -> np.ndarray:
-        """Local steps per client (E_k when the [SO] model sets one), or NaN where epochs decide."""
+        """Local steps per client (E_k when the unreliable-agent model sets one), or NaN where epochs decide."""
         steps = self.cfg.local_steps
         fallback = np.full(len(sizes), np.nan if steps is None else float(steps))
         return np.where(client_steps > 0, client_steps, fallback)

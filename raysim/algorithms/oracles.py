@@ -1,7 +1,7 @@
 """Gradient oracles: what a local step knows of a client's objective.
 
 A :class:`StepPlan` fixes, before training starts, each client's number of local steps, its
-minibatches (drawn from the client's own generator) and the [SO] model's participation coins.
+minibatches (drawn from the client's own generator) and the unreliable-agent model's participation coins.
 An oracle answers, for the ``[C, P]`` parameters of a task's clients:
 
 * ``gradient(params, s)``: the gradient at local step ``s`` — on minibatch ``s`` of the plan

@@ -9,7 +9,7 @@ so the learning rate is the last transform (:func:`scale`).
 
 A method is mostly a choice of terms: FedProx adds :func:`add_proximal` toward the model it
 received, SCAFFOLD :func:`add_correction` by c − c_i, FedDyn both; weight decay, clipping,
-the [SO] model's gradient noise and participation scaling apply to every algorithm alike.
+the unreliable-agent model's gradient noise and participation scaling apply to every algorithm alike.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def add_weight_decay(weight_decay: float) -> ClientTransform:
 
 
 def add_noise(kind: str, scale: float, rngs: list) -> ClientTransform:
-    """Perturbed SGD ([SO]): adds Gaussian N(0, scale²) or Laplace(0, scale) noise to every
+    """Perturbed SGD (unreliable-agent model): adds Gaussian N(0, scale²) or Laplace(0, scale) noise to every
     coordinate, drawn from each client's own generator (one draw per step and client)."""
     draw = ((lambda r, n: r.normal(0.0, scale, n)) if kind == "gaussian" else
             (lambda r, n: r.laplace(0.0, scale, n)))
@@ -88,7 +88,7 @@ def add_noise(kind: str, scale: float, rngs: list) -> ClientTransform:
 
 
 def scale_by_participation(scales: torch.Tensor) -> ClientTransform:
-    """Unreliable agents ([SO]): the gradient of local step s times ``scales[s, c]``, 1/δ_c when
+    """Unreliable agents: the gradient of local step s times ``scales[s, c]``, 1/δ_c when
     client c computed at that step and 0 when it did not (the expected step is unchanged).
     The state counts this transform's steps."""
 

@@ -97,7 +97,7 @@ class ClientHost:
         return out
 
     def _unreliable(self, ids: np.ndarray, op: str) -> tuple:
-        """(participation, local steps, noise) of these clients under the [SO] model; training only."""
+        """(participation, local steps, noise) of these clients under the unreliable-agent model; training only."""
         if op != "train":
             return None, None, None
         return (None if self.participation is None else self.participation[ids],

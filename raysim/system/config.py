@@ -76,7 +76,7 @@ class DistributionConfig:
 
 @dataclass
 class UnreliableConfig:
-    """Unreliable agents of paper [SO]: per-step participation, per-client local work, weights, noise."""
+    """Unreliable agents (FedAvg with unreliable agents): per-step participation, per-client local work, weights, noise."""
 
     participation: DistributionConfig = field(default_factory=DistributionConfig)  # delta_k in (0, 1]
     local_steps: Optional[DistributionConfig] = None  # E_k; null: the algorithm's own setting
