@@ -1,0 +1,312 @@
+"""Run and summarise the FedACG reproduction grid (scenarios/paper/fedacg/README.md).
+
+    python scenarios/paper/fedacg/run_grid.py run [--settings main,n500,...] [--seeds 0,1,2] [--shard I/N]
+    python scenarios/paper/fedacg/run_grid.py summarize [--figures docs/paper]
+    python scenarios/paper/fedacg/run_grid.py list
+
+``run`` executes every (setting, method, seed) of the grid in this one Python process (no
+start-up per run), skipping runs whose ``summary.json`` already exists (and stopping before the next run once
+``results/paper/fedacg/STOP`` exists); ``--shard I/N`` keeps
+every N-th run starting at I (0-based), so N processes split the grid without overlap.
+``summarize`` reads each run's ``rounds.parquet``, computes the EMA (factor 0.9) of the test
+accuracy, and prints Markdown tables (ours, and the paper's numbers beside ours) and writes
+``docs/paper/fedacg_<setting>.png`` (mean EMA accuracy vs round, ±1 std band over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]  # the repository root (scenarios/paper/fedacg/ -> ./)
+
+MAIN = ["fedavg", "fedprox", "fedavgm", "fedadam", "feddyn", "scaffold", "fedacg"]
+ABLATION = ["fedprox_reg_only", "fedavgm_momentum_only", "fedacg_no_lookahead", "fedacg_no_reg"]
+FEW = ["fedavg", "fedavgm", "feddyn", "fedacg"]
+LABEL = {
+    "fedavg": "FedAvg", "fedprox": "FedProx (μ=0.001)", "fedavgm": "FedAvgM (β=0.8)",
+    "fedadam": "FedAdam (η=0.01, τ=1e-3)", "feddyn": "FedDyn (α=0.01)", "scaffold": "SCAFFOLD",
+    "fedacg": "FedACG (λ=0.85, β=0.01)", "fedprox_reg_only": "reg only: FedProx μ=0.01",
+    "fedavgm_momentum_only": "momentum only: FedAvgM β=0.85",
+    "fedacg_no_lookahead": "momentum + reg (no lookahead)", "fedacg_no_reg": "momentum + lookahead (β=0)",
+}
+
+# setting -> (title, overrides shared by all its runs, methods)
+SETTINGS = {
+    "main": ("blobs, Dir(0.3), 100 clients, 5% (5/round), batch 50, 200 rounds",
+             [], MAIN + ABLATION),
+    "dir06": ("blobs, Dir(0.6), 100 clients, 5%, batch 50, 100 rounds",
+              ["data.partition.alpha=0.6", "execution.rounds=100"], FEW),
+    "iid": ("blobs, iid, 100 clients, 5%, batch 50, 100 rounds",
+            ["data.partition.kind=iid", "execution.rounds=100"], FEW),
+    "digits": ("digits, Dir(0.3), 100 clients, 5%, batch 5, 100 rounds",
+               ["data.kind=digits", "algorithm.batch_size=5", "execution.rounds=100"], FEW),
+    "n500": ("blobs, Dir(0.3), 500 clients, 2% (10/round), batch 10, 100 rounds",
+             ["data.num_clients=500", "execution.clients_per_round=10", "algorithm.batch_size=10",
+              "execution.rounds=100"], FEW + ABLATION),
+}
+
+# The paper's CIFAR-10 accuracies (%) at 1000 rounds (EMA 0.9), Dir(0.3).
+PAPER = {
+    "main": {"fedavg": 82.53, "fedprox": 82.68, "fedavgm": 85.48, "fedadam": 81.73, "feddyn": 88.10,
+             "fedacg": 89.10},
+    "n500": {"fedavg": 71.45, "fedavgm": 77.49, "feddyn": 77.92, "fedacg": 82.80,
+             "fedprox_reg_only": 70.75, "fedavgm_momentum_only": 77.49, "fedacg_no_lookahead": 76.16,
+             "fedacg_no_reg": 82.20},
+}
+ABLATION_ROWS = [  # (momentum, accelerated init, local reg, method)
+    ("", "", "", "fedavg"), ("", "", "✓", "fedprox_reg_only"), ("✓", "", "", "fedavgm_momentum_only"),
+    ("✓", "", "✓", "fedacg_no_lookahead"), ("✓", "✓", "", "fedacg_no_reg"), ("✓", "✓", "✓", "fedacg"),
+]
+EMA = 0.9
+
+
+def runs(settings, seeds):
+    """Every (setting, method, seed, overrides) of the grid, in priority order."""
+    for setting in settings:
+        _, overrides, methods = SETTINGS[setting]
+        for method in methods:
+            for seed in seeds:
+                yield setting, method, seed, overrides + [f"seed={seed}"]
+
+
+def load(method: str, overrides: list):
+    from raysim.config import load_scenario
+
+    return load_scenario(str(HERE / f"{method}.yaml"), overrides)
+
+
+def run_dir(cfg) -> Path:
+    path = Path(cfg.output.dir)
+    return path if path.is_absolute() else ROOT / path
+
+
+def find_run(cfg) -> Path | None:
+    """The finished run of ``cfg``: its own directory, or that of the same scenario run for more
+    rounds (``-R<rounds>`` in the directory name; nothing in a run depends on its total number of
+    rounds, so its first ``execution.rounds`` rounds are this run; checked on a 6- vs 12-round
+    pair). None if neither exists."""
+    own = run_dir(cfg)
+    if (own / "summary.json").exists():
+        return own
+    setting = own.parent.parent.name
+    tag = f"-R{cfg.execution.rounds}"
+    if not setting.endswith(tag):
+        return None
+    longer = sorted(own.parents[2].glob(setting[:-len(tag)] + "-R*"),
+                    key=lambda p: int(p.name.rsplit("-R", 1)[1]))
+    for other in longer:
+        if int(other.name.rsplit("-R", 1)[1]) > cfg.execution.rounds:
+            candidate = other / own.parent.name / own.name
+            if (candidate / "summary.json").exists():
+                return candidate
+    return None
+
+
+def cmd_run(args) -> int:
+    from raysim.engine.runtime import LocalRuntime
+    from raysim.engine.simulation import prepare, run_scenario
+
+    index, count = (int(x) for x in args.shard.split("/"))
+    todo = [r for i, r in enumerate(runs(args.settings, args.seeds)) if i % count == index]
+    began = time.time()
+    stop = ROOT / "results" / "paper" / "fedacg" / "STOP"
+    for n, (setting, method, seed, overrides) in enumerate(todo, 1):
+        if stop.exists():
+            print(f"{stop} exists: stopping before run {n}/{len(todo)}", flush=True)
+            break
+        cfg = load(method, overrides)
+        tag = f"[{n}/{len(todo)}] {setting} {method} seed={seed}"
+        done = find_run(cfg)
+        if done is not None:
+            print(f"{tag}: done already ({done})", flush=True)
+            continue
+        t0 = time.time()
+        runtime = LocalRuntime()
+        try:
+            runtime.start()
+            summary = run_scenario(cfg, prepare(cfg), runtime)
+        except Exception as exc:  # report and go on with the rest of the grid
+            print(f"{tag}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            continue
+        finally:
+            runtime.close()
+        print(f"{tag}: acc {summary['final_test_accuracy']:.4f} in {time.time() - t0:.0f}s "
+              f"(total {(time.time() - began) / 60:.1f} min)", flush=True)
+    return 0
+
+
+def ema(acc: np.ndarray) -> np.ndarray:
+    """e_1 = a_1, e_t = 0.9·e_{t−1} + 0.1·a_t."""
+    out = np.empty_like(acc)
+    out[0] = acc[0]
+    for t in range(1, len(acc)):
+        out[t] = EMA * out[t - 1] + (1 - EMA) * acc[t]
+    return out
+
+
+def curves(setting: str, method: str, seeds) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rounds, EMA accuracy per seed [seeds × rounds]) or None if a seed is missing."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for seed in seeds:
+        cfg = load(method, SETTINGS[setting][1] + [f"seed={seed}"])
+        out = find_run(cfg)
+        if out is None:
+            return None
+        table = pq.read_table(out / "rounds.parquet", columns=["round", "test_accuracy"]).to_pydict()
+        horizon = cfg.execution.rounds  # a longer run is cut to this scenario's rounds
+        rnd = np.array(table["round"])[:horizon]
+        acc = np.array(table["test_accuracy"], dtype=float)[:horizon]
+        keep = ~np.isnan(acc)
+        rows.append((rnd[keep], ema(acc[keep])))
+    length = min(len(r) for r, _ in rows)
+    return rows[0][0][:length], np.stack([e[:length] for _, e in rows])
+
+
+def first_hit(rnd: np.ndarray, e: np.ndarray, target: float):
+    hit = np.flatnonzero(e >= target)
+    return int(rnd[hit[0]]) if len(hit) else None
+
+
+def pm(values, digits=2) -> str:
+    values = np.asarray(values, dtype=float)
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
+
+
+def hits_cell(hits: list) -> str:
+    got = [h for h in hits if h is not None]
+    if not got:
+        return "never"
+    cell = pm(got, 0) if len(got) > 1 else str(got[0])
+    return cell if len(got) == len(hits) else f"{cell} ({len(got)}/{len(hits)} seeds)"
+
+
+def summarize_setting(setting: str, seeds, figures: Path) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title, _, methods = SETTINGS[setting]
+    data = {m: c for m in methods if (c := curves(setting, m, seeds)) is not None}
+    if not data:
+        print(f"\n### {setting}: no complete runs yet")
+        return {}
+    ref = data["fedacg"][1][:, -1].mean() if "fedacg" in data else None
+    stats = {}
+    print(f"\n### {setting}: {title} (seeds {','.join(map(str, seeds))})\n")
+    if ref is not None:
+        print(f"Targets: 90% / 95% of FedACG's final EMA accuracy ({100 * ref:.2f}%): "
+              f"{90 * ref:.2f}% / {95 * ref:.2f}%\n")
+    print("| method | final EMA acc. % | final acc. (no EMA) % | rounds to 90% | rounds to 95% |\n|---|---|---|---|---|")
+    for m, (rnd, e) in data.items():
+        final = 100 * e[:, -1]
+        hit90 = [first_hit(rnd, s, 0.90 * ref) for s in e] if ref is not None else []
+        hit95 = [first_hit(rnd, s, 0.95 * ref) for s in e] if ref is not None else []
+        raw = raw_final(setting, m, seeds)
+        stats[m] = {"final": final, "hit90": hit90, "hit95": hit95}
+        print(f"| {LABEL[m]} | {pm(final)} | {pm(raw)} | {hits_cell(hit90) if hit90 else '—'} | "
+              f"{hits_cell(hit95) if hit95 else '—'} |")
+    groups = [("", [m for m in data if m not in ABLATION])]
+    if any(m in ABLATION for m in data):
+        groups.append(("_ablation", [m for m in ("fedavg", *ABLATION, "fedacg") if m in data]))
+    for suffix, group in groups:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for m in group:
+            rnd, e = data[m]
+            mean, std = 100 * e.mean(0), 100 * e.std(0, ddof=1) if len(e) > 1 else 0 * e[0]
+            ax.plot(rnd, mean, label=LABEL[m], lw=2 if m == "fedacg" else 1.2)
+            ax.fill_between(rnd, mean - std, mean + std, alpha=0.15)
+        ax.set(xlabel="round", ylabel="test accuracy, EMA 0.9 (%)",
+               title=("ablation: " if suffix else "") + title)
+        ax.set_ylim(bottom=max(0, min(100 * data[m][1].mean(0)[len(data[m][0]) // 10] for m in group) - 5))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        path = figures / f"fedacg_{setting}{suffix}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"\n![{setting}{suffix}]({os.path.relpath(path, HERE)})")
+    return stats
+
+
+def raw_final(setting: str, method: str, seeds) -> list:
+    """Test accuracy (%) at the setting's last round, without EMA."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for seed in seeds:
+        cfg = load(method, SETTINGS[setting][1] + [f"seed={seed}"])
+        acc = pq.read_table(find_run(cfg) / "rounds.parquet", columns=["test_accuracy"]).column(0).to_pylist()
+        out.append(100 * acc[cfg.execution.rounds - 1])
+    return out
+
+
+def cmd_summarize(args) -> int:
+    figures = Path(args.figures)
+    figures.mkdir(parents=True, exist_ok=True)
+    stats = {s: summarize_setting(s, args.seeds, figures) for s in args.settings}
+    for setting, paper in PAPER.items():
+        st = stats.get(setting) or {}
+        if not st:
+            continue
+        print(f"\n### paper (CIFAR-10, ResNet-18, 1000 rounds) vs ours ({setting})\n")
+        print("| method | paper acc. % | paper rank | ours: final EMA acc. % | our rank |\n|---|---|---|---|---|")
+        ms = [m for m in paper if m in st and m not in ABLATION]
+        p_rank = {m: i + 1 for i, m in enumerate(sorted(ms, key=lambda m: -paper[m]))}
+        o_rank = {m: i + 1 for i, m in enumerate(sorted(ms, key=lambda m: -st[m]["final"].mean()))}
+        for m in ms:
+            print(f"| {LABEL[m]} | {paper[m]:.2f} | {p_rank[m]} | {pm(st[m]['final'])} | {o_rank[m]} |")
+        for m in ("scaffold",):
+            if m in st:
+                print(f"| {LABEL[m]} | — | — | {pm(st[m]['final'])} | — |")
+        if all(m in st for *_, m in ABLATION_ROWS):
+            print(f"\n### Table 4 ablation: paper ({'500 clients 2%'}) vs ours ({setting})\n")
+            print("| momentum | accel. init | local reg | method | paper acc. % | ours: final EMA acc. % | "
+                  "ours − FedAvg |\n|---|---|---|---|---|---|---|")
+            base = st["fedavg"]["final"].mean()
+            for mom, acc, reg, m in ABLATION_ROWS:
+                p = PAPER["n500"].get(m)
+                print(f"| {mom} | {acc} | {reg} | {LABEL[m]} | {p:.2f} | {pm(st[m]['final'])} | "
+                      f"{st[m]['final'].mean() - base:+.2f} |")
+    return 0
+
+
+def cmd_list(args) -> int:
+    for setting, method, seed, overrides in runs(args.settings, args.seeds):
+        cfg = load(method, overrides)
+        found = find_run(cfg)
+        print(f"{'done' if found else 'todo'} {setting:7s} {method:22s} seed={seed} rounds={cfg.execution.rounds} "
+              f"{found.relative_to(ROOT) if found else cfg.output.dir}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "summarize", "list"])
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: " + ",".join(SETTINGS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th (0-based)")
+    parser.add_argument("--figures", default=str(ROOT / "docs" / "paper"))
+    args = parser.parse_args(argv)
+    args.settings = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in args.settings if s not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    return {"run": cmd_run, "summarize": cmd_summarize, "list": cmd_list}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
