@@ -180,7 +180,8 @@ def _restored_run_is_the_same_run(tmp_path, cfg, reach) -> RunState:
 
 
 def test_sync_fedavg_restored_run_is_the_same_run(tmp_path):
-    _restored_run_is_the_same_run(tmp_path, small_scenario(tmp_path, *SYNC), lambda s: _steps(s, 2))
+    state = _restored_run_is_the_same_run(tmp_path, small_scenario(tmp_path, *SYNC), lambda s: _steps(s, 2))
+    assert state.version == 2 and state.driver == {} and not state.done
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])

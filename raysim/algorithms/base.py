@@ -28,6 +28,7 @@ the scheduler keeps it and hands it back, as ``ctx.states``, the next time that 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -245,9 +246,13 @@ class Algorithm:
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model
-        self.server_optimizer = self.make_server_optimizer()
 
     # ------------------------------------------------------------------ server
+
+    @functools.cached_property
+    def server_optimizer(self) -> server_optimizers.ServerOptimizer:
+        """Built on first use, on the server only (its step size may need the problem's constants)."""
+        return self.make_server_optimizer()
 
     def make_server_optimizer(self) -> server_optimizers.ServerOptimizer:
         """The configured server optimizer (plain SGD at ``server_lr`` when there is no choice)."""

@@ -17,6 +17,7 @@ class FedAvg(Algorithm):
     optimizer: θ ← θ − server_lr·Σ w_k Δ_k for ``sgd``."""
 
     Keys = FedAvgKeys
+    full_batch = False  # local steps on every training row (Local GD) instead of minibatches
 
     def proximal(self) -> float:
         """μ of the proximal term toward the received model (0: none)."""
@@ -25,7 +26,7 @@ class FedAvg(Algorithm):
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
         cfg = self.cfg
         start = ctx.start(payloads)
-        plan = ctx.plan_from(cfg)
+        plan = ctx.plan_from(cfg, full_batch=self.full_batch)
         terms = [add_proximal(self.proximal(), start)] if self.proximal() else []
         step = ctx.transform(plan, self.local_lr(), *terms, weight_decay=cfg.weight_decay,
                              max_grad_norm=cfg.max_grad_norm)

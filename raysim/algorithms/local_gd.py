@@ -6,29 +6,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.algorithms.base import ClientContext, ClientUpdates
 from raysim.algorithms.fedavg import FedAvg
 from raysim.algorithms.keys import LocalGDKeys
-from raysim.algorithms.local import local_train
+
+
+def local_step_size(algorithm) -> float:
+    """``lr``, or with ``lr_unit: inverse_smoothness`` lr/(L_f·τ), τ = ``local_steps`` (the paper's
+    1/(L_f τ) at lr = 1): the local step of Local GD and SCAFFOLD."""
+    cfg = algorithm.cfg
+    return cfg.lr if cfg.lr_unit == "absolute" else cfg.lr * algorithm.unit("L_f") / cfg.local_steps
 
 
 class LocalGD(FedAvg):
-    """Clients take ``local_steps`` full-batch gradient steps of size ``lr`` (with ``lr_unit:
-    inverse_smoothness``: in units of 1/(L_f·τ), the paper's 1/(L_f τ) at lr = 1) on the shared
-    model; the server averages as FedAvg does."""
+    """Clients take ``local_steps`` full-batch gradient steps (:func:`local_step_size`) on the
+    shared model; the server averages as FedAvg does."""
 
     Keys = LocalGDKeys
+    full_batch = True
 
     def local_lr(self) -> float:
-        return self.cfg.lr * self.unit("L_f") / (1 if self.unit("L_f") == 1.0 else self.cfg.local_steps)
-
-    def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
-        cfg = self.cfg
-        start = ctx.start(payloads)
-        plan = ctx.plan_from(cfg, full_batch=True)
-        result = local_train(start, ctx.oracle(plan), ctx.transform(plan, self.local_lr(), weight_decay=cfg.weight_decay,
-                                                                    max_grad_norm=cfg.max_grad_norm))
-        return ctx.updates(result, start - result.params)
+        return local_step_size(self)
 
     def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
         return self.local_samples(sizes, client_steps, full_batch=True)

@@ -10,6 +10,7 @@ from raysim.algorithms.aggregators import weighted_mean
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates
 from raysim.algorithms.keys import ScaffoldKeys
 from raysim.algorithms.local import local_train
+from raysim.algorithms.local_gd import local_step_size
 from raysim.algorithms.transforms import add_correction
 
 
@@ -25,9 +26,7 @@ class Scaffold(Algorithm):
     stateful = True
 
     def local_lr(self) -> float:
-        if self.unit("L_f") == 1.0:
-            return self.cfg.lr
-        return self.cfg.lr * self.unit("L_f") / self.cfg.local_steps
+        return local_step_size(self)
 
     def init_extra(self, params: torch.Tensor) -> dict:
         return {"control": torch.zeros_like(params)}

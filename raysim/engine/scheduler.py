@@ -166,10 +166,10 @@ class Scheduler:
 
     def keep_states(self, updates) -> None:
         """Store the new client states that ``updates`` carry (and take them out of the updates)."""
-        for i, c in enumerate(updates.client_ids.tolist()):
-            if updates.states:
+        if updates.states:
+            for i, c in enumerate(updates.client_ids.tolist()):
                 self.client_state[c] = {name: rows[i].clone() for name, rows in updates.states.items()}
-        updates.states = {}
+            updates.states = {}
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``)."""
