@@ -15,7 +15,8 @@ class ClientActor:
 
     Declared with ``num_cpus=runtime.cpus_per_actor`` and ``num_gpus=runtime.gpus_per_actor``
     through ``.options``; the data set arrives once, as an object-store reference
-    resolved zero-copy.
+    resolved zero-copy. Holds no state between calls, so that one that died can be replaced by
+    a new one and its calls sent again (see :class:`actors.runtime.ActorPool`).
     """
 
     def __init__(self, scenario: dict, table, actor_index: int):

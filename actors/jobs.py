@@ -3,8 +3,8 @@
 The job ships the repository (``raysim/``, ``actors/``, ``scenarios/``, ``examples/``) as its
 working_dir, and the local modules of a scenario's custom algorithm, model or data set as its
 ``py_modules`` (:func:`local_modules`), and runs
-``python -m raysim.cli run SCENARIO key=value … --quiet`` on the cluster (the working_dir is
-on the job's ``sys.path``; the package need not be installed there).
+``python -m raysim.cli run SCENARIO key=value … --quiet`` (or ``resume OUTPUT_DIR …``) on the
+cluster (the working_dir is on the job's ``sys.path``; the package need not be installed there).
 """
 
 from __future__ import annotations
@@ -47,15 +47,19 @@ def client(address: str):
         raise ScenarioError("--address", address, f"a reachable Ray job server, e.g. http://HEAD:8265 ({first})") from None
 
 
-def entrypoint(scenario: str, overrides: list) -> str:
-    """The job's command line; the scenario must lie inside the repository (it travels with it)."""
+def in_repository(scenario: str) -> str:
+    """The scenario's path relative to the repository; it must lie inside it (it travels with the job)."""
     path = Path(scenario).resolve()
     try:
-        relative = path.relative_to(REPO)
+        return str(path.relative_to(REPO))
     except ValueError:
         raise ScenarioError("scenario", scenario, f"a file under {REPO} (the working_dir that travels "
                             "with the job), e.g. scenarios/…") from None
-    return " ".join(["python -m raysim.cli run", shlex.quote(str(relative)), *map(shlex.quote, overrides), "--quiet"])
+
+
+def entrypoint(command: list) -> str:
+    """The job's command line: ``python -m raysim.cli COMMAND… --quiet``."""
+    return " ".join(["python -m raysim.cli", *map(shlex.quote, command), "--quiet"])
 
 
 def local_modules(cfg) -> list:
@@ -75,9 +79,9 @@ def local_modules(cfg) -> list:
     return sorted(found)
 
 
-def submit(address: str, scenario: str, overrides: list, follow: bool, wait: bool, pip: bool,
-           py_modules: list = ()) -> int:
-    """Submit a run (``py_modules``: local code to ship beside the working_dir, see
+def submit(address: str, command: list, follow: bool, wait: bool, pip: bool, py_modules: list = ()) -> int:
+    """Submit ``raysim COMMAND…`` as a job (``["run", scenario, *overrides]`` or ``["resume", run_dir,
+    *overrides]``; ``py_modules``: local code to ship beside the working_dir, see
     :func:`local_modules`); print the job id at once; optionally stream its logs; return its
     exit status."""
     jobs = client(address)
@@ -87,8 +91,8 @@ def submit(address: str, scenario: str, overrides: list, follow: bool, wait: boo
         runtime_env["py_modules"] = list(py_modules)
     if pip:
         runtime_env["pip"] = PIP
-    job_id = _submit_with_retries(jobs, entrypoint=entrypoint(scenario, overrides), runtime_env=runtime_env,
-                                  metadata={"raysim_scenario": scenario})
+    job_id = _submit_with_retries(jobs, entrypoint=entrypoint(command), runtime_env=runtime_env,
+                                  metadata={"raysim_command": command[0], "raysim_target": command[1]})
     print(f"submitted job {job_id} to {address}", flush=True)
     if not wait:
         return 0
@@ -150,6 +154,10 @@ def list_or_stop(address: str, stop: str | None) -> int:
     return 0
 
 
+JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for the driver of a Ray job
+
+
 def job_address() -> str | None:
-    """The cluster a Ray job's driver belongs to (set by Ray inside jobs), else None."""
-    return os.environ.get("RAY_ADDRESS")
+    """The cluster of the Ray job this process is the driver of, else None (a ``RAY_ADDRESS``
+    exported in a shell is not a job's: a run without ``runtime.address`` starts its own Ray)."""
+    return os.environ.get("RAY_ADDRESS") if JOB_ENV in os.environ else None

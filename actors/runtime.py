@@ -1,19 +1,39 @@
 """RayRuntime: the engine's runtime protocol on Ray — ClientActors (in a placement group that
-spreads or packs them over the nodes) plus a SchedulerActor."""
+spreads or packs them over the nodes; one that dies is replaced and its calls are sent again)
+plus a SchedulerActor.
+
+Without ``runtime.address`` (and outside a Ray job) a run starts a private local Ray of its own:
+it never joins a cluster that ``ray start`` or a ``RAY_ADDRESS`` in the shell left on the host.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
+import threading
+from dataclasses import dataclass
 
 import psutil
 import ray
+from ray._private import ray_constants
+from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.jobs import job_address
-from raysim.errors import ScenarioError
+from raysim.errors import RunError, ScenarioError, SchedulerLost  # SchedulerLost: what RemoteScheduler raises
+
+ACTOR_REPLACEMENTS = 3  # a ClientActor that dies is replaced (and its calls sent again) at most this many times
+
+
+def cluster_address(runtime_cfg) -> str | None:
+    """The cluster a run joins: ``runtime.address``, or inside a Ray job that job's cluster.
+    None: the run starts a private embedded Ray (a ``RAY_ADDRESS`` exported in the shell is
+    not a job's)."""
+    return runtime_cfg.address or job_address()
 
 
 def embedded_resources(runtime_cfg) -> tuple[float, float | None]:
@@ -53,6 +73,16 @@ def plan_actors(runtime_cfg, nodes: list) -> int:
     return wanted
 
 
+def embedded_plan(runtime_cfg) -> int | None:
+    """The number of ClientActors of the run's private embedded Ray, checked before Ray starts
+    (ScenarioError, one line, when ``runtime.num_actors`` exceeds its CPUs or GPUs); None when
+    the run joins a cluster, whose size only the cluster knows. ``raysim validate`` calls it too."""
+    if cluster_address(runtime_cfg) is not None:
+        return None
+    cpus, gpus = embedded_resources(runtime_cfg)
+    return plan_actors(runtime_cfg, [(cpus, gpus or 0.0)])
+
+
 INLINE_PAYLOAD_BYTES = 100 * 1024  # smaller payloads travel inside the call, as Ray inlines small arguments
 
 
@@ -64,13 +94,36 @@ def _bundle(runtime_cfg) -> dict:
     return bundle
 
 
+@dataclass
+class Pending:
+    """A call to a ClientActor, kept with its arguments until its result is in, so that it can be
+    sent again if the actor dies; ``generation``: how many times that actor had been replaced
+    when it was sent."""
+
+    actor: int
+    method: str
+    args: tuple
+    generation: int
+    ref: ray.ObjectRef
+
+
 class ActorPool:
     """The ClientActors as seen by the scheduler: broadcast through the object store, submit, gather.
-    Picklable, so the SchedulerActor can hold it."""
 
-    def __init__(self, actors: list, nodes: list):
-        self.actors, self.nodes = actors, nodes  # nodes[i]: the node id of actor i
-        self.num_actors = len(actors)
+    Creates ``num_actors`` actors of ``actor_class`` (ClientActor), actor i from
+    ``(*args, i)`` with Ray ``options``, in bundle i of placement group ``group``. One that dies
+    (its process killed, its node lost) is replaced by a new one in the same bundle, at most
+    :data:`ACTOR_REPLACEMENTS` times, and its calls are sent again (a task is a pure function of its
+    inputs, so the results are the same); :meth:`lost_tasks` reports those tasks. Picklable, so
+    the SchedulerActor can hold it (the actors it creates there are that actor's)."""
+
+    def __init__(self, actor_class, args: tuple, options: dict, group, num_actors: int):
+        self._spawn = (actor_class, args, options, group)
+        self.actors = [self._create(i) for i in range(num_actors)]
+        self.num_actors = num_actors
+        self.nodes = [""] * num_actors  # nodes[i]: the node id of actor i (set by describe)
+        self._replaced = [0] * num_actors
+        self._lost = []
 
     def broadcast(self, payload: dict):
         """An object-store reference to the payload, or the payload itself when it is small
@@ -78,53 +131,130 @@ class ActorPool:
         size = sum(t.numel() * t.element_size() for t in payload.values())
         return payload if size < INLINE_PAYLOAD_BYTES else ray.put(payload)
 
-    def submit(self, actor: int, handles: dict, tasks: list):
-        return self.actors[actor].run.remote(handles, tasks)
+    def submit(self, actor: int, handles: dict, tasks: list) -> Pending:
+        """Start ``tasks`` on actor ``actor``; returns the pending call."""
+        return self._send(actor, "run", (handles, tasks))
 
     def gather(self, pending: list) -> list:
-        return ray.get(pending)
+        """The results of pending calls; the calls of an actor that died run again on its
+        replacement (RunError, one line, when it died too often)."""
+        try:
+            return ray.get([p.ref for p in pending])
+        except RayActorError:
+            return [self._result(p) for p in pending]
+
+    def describe(self) -> list:
+        """``info()`` of every actor (waits until each is up); also refreshes :attr:`nodes`."""
+        infos = self.gather([self._send(i, "info", ()) for i in range(self.num_actors)])
+        self.nodes = [info["node"] for info in infos]
+        return infos
+
+    def lost_tasks(self) -> list:
+        """``(actor_index, task)`` pairs run again because their actor died; forgets them."""
+        lost, self._lost = self._lost, []
+        return lost
+
+    def _create(self, actor: int):
+        actor_class, args, options, group = self._spawn
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=actor)
+        return actor_class.options(**options, scheduling_strategy=strategy).remote(*args, actor)
+
+    def _send(self, actor: int, method: str, args: tuple) -> Pending:
+        ref = getattr(self.actors[actor], method).remote(*args)
+        return Pending(actor, method, args, self._replaced[actor], ref)
+
+    def _result(self, pending: Pending):
+        while True:
+            try:
+                return ray.get(pending.ref)
+            except RayActorError as exc:
+                if pending.generation == self._replaced[pending.actor]:  # not replaced since it was sent
+                    self._replace(pending.actor, exc)
+                resent = self._send(pending.actor, pending.method, pending.args)
+                pending.generation, pending.ref = resent.generation, resent.ref
+                if pending.method == "run":
+                    self._lost += [(pending.actor, task) for task in pending.args[1]]
+
+    def _replace(self, actor: int, exc: RayActorError) -> None:
+        """A new actor in place of ``actor``, which ``exc`` says died; RunError (one line) if it
+        failed in its constructor or was replaced :data:`ACTOR_REPLACEMENTS` times already."""
+        if exc.actor_init_failed:
+            raise RunError(f"ClientActor {actor} failed to start: {_first_line(exc)}")
+        if self._replaced[actor] >= ACTOR_REPLACEMENTS:
+            raise RunError(f"ClientActor {actor} died {self._replaced[actor] + 1} times "
+                           f"(replaced at most {ACTOR_REPLACEMENTS} times): {_first_line(exc)}")
+        ray.kill(self.actors[actor])  # in case it is only unreachable
+        self.actors[actor] = self._create(actor)
+        self._replaced[actor] += 1
 
 
 class RemoteScheduler:
-    """Driver-side handle of the SchedulerActor."""
+    """Driver-side handle of the SchedulerActor: the Scheduler's methods, raising SchedulerLost
+    when the actor is gone (its process was killed or its node lost)."""
 
     def __init__(self, actor):
         self.actor = actor
 
-    def advance(self, seconds: float) -> dict:
-        return ray.get(self.actor.advance.remote(seconds))
+    def advance(self, seconds: float, stop_version: int | None = None) -> dict:
+        return self._call("advance", seconds, stop_version)
 
     def finish(self) -> dict:
-        return ray.get(self.actor.finish.remote())
+        return self._call("finish")
+
+    def run_state(self):
+        return self._call("run_state")
+
+    def restore(self, state, wall_seconds: float = 0.0) -> None:
+        return self._call("restore", state, wall_seconds)
+
+    def _call(self, method: str, *args):
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args))
+        except RayActorError as exc:
+            raise SchedulerLost(f"the SchedulerActor was lost: {_first_line(exc)}") from None
 
 
 class RayRuntime:
-    """Starts (or joins) Ray, creates the ClientActors and the SchedulerActor."""
+    """Starts a private Ray (or joins ``runtime.address`` / the job's cluster), creates the
+    ClientActors and the SchedulerActor."""
 
     def __init__(self, runtime_cfg):
         self.cfg = runtime_cfg
-        self.actors = []
+        self.pool = None
         self.num_actors = 0
-        self.nodes = []
         self._table = None
         self._scheduler = None
         self._group = None
         self._owns_ray = False
 
+    @property
+    def nodes(self) -> list:
+        return self.pool.nodes if self.pool is not None else []
+
     def start(self) -> None:
-        """Start the embedded Ray (or join ``runtime.address`` / the job's cluster) unless Ray is
-        already initialized in this process; a second call does nothing."""
-        cfg = self.cfg
+        """Start a private embedded Ray (or join ``runtime.address`` / the job's cluster) unless
+        Ray is already initialized in this process; a second call does nothing."""
         if ray.is_initialized():
             return
-        address = cfg.address or job_address()  # inside a Ray job: that job's cluster
+        address = cluster_address(self.cfg)
         if address is None:
-            cpus, gpus = embedded_resources(cfg)
-            plan_actors(cfg, [(cpus, gpus or 0.0)])  # bad input fails before Ray starts
-            ray.init(num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False, logging_level=logging.WARNING)
-            _stop_autoscaler_monitor()
+            embedded_plan(self.cfg)  # bad input fails before Ray starts
+            cpus, gpus = embedded_resources(self.cfg)
+            # Ray enables token authentication for a new local cluster (unless RAY_AUTH_MODE says
+            # otherwise) and warns that it did: this cluster is the run's own, the warning is noise
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+            options = dict(address="local", num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False)
         else:
-            ray.init(address=address, logging_level=logging.WARNING)
+            options = dict(address=address)
+        try:
+            with _signal_handlers_kept():
+                ray.init(**options, logging_level=logging.WARNING)
+        except BaseException:  # e.g. Ctrl-C: end what ray.init had started
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            raise
+        if address is None:
+            _stop_autoscaler_monitor()
         self._owns_ray = True
 
     def load(self, scenario: dict, dataset):
@@ -138,27 +268,39 @@ class RayRuntime:
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
         self._group = placement_group([_bundle(cfg)] * self.num_actors,
                                       strategy="SPREAD" if cfg.placement == "spread" else "PACK")
-        self.actors = [ClientActor.options(
-            num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=i),
-        ).remote(scenario, self._table, i) for i in range(self.num_actors)]
-        self.nodes = [info["node"] for info in self.describe()]
+        self.pool = ActorPool(ClientActor, (scenario, self._table),
+                              dict(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor), self._group,
+                              self.num_actors)
+        self.pool.describe()  # waits until every actor is up (one that dies meanwhile is replaced)
         return open_dataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
     def scheduler(self, scenario: dict, dataset):
         """The SchedulerActor — or, with ``runtime.scheduler: driver`` (``auto`` with an embedded
-        Ray), the same Scheduler in this process, which saves a process and its start-up."""
+        Ray), the same Scheduler in this process, which saves a process and its start-up.
+        Called again (after :class:`SchedulerLost`), a new one over the same ClientActors; a
+        previous SchedulerActor still alive is killed."""
         from actors.scheduler_actor import SchedulerActor
         from raysim.engine.scheduler import Scheduler
 
+        if self._scheduler is not None:
+            ray.kill(self._scheduler)
+            self._scheduler = None
         where = self.cfg.scheduler
-        if where == "driver" or (where == "auto" and self.cfg.address is None and job_address() is None):
-            return Scheduler(scenario, dataset.table, ActorPool(self.actors, self.nodes))
-        self._scheduler = SchedulerActor.remote(scenario, self._table, ActorPool(self.actors, self.nodes))
+        if where == "driver" or (where == "auto" and cluster_address(self.cfg) is None):
+            return Scheduler(scenario, dataset.table, self.pool)
+        self._scheduler = SchedulerActor.remote(scenario, self._table, self.pool)
         return RemoteScheduler(self._scheduler)
 
+    def lost_tasks(self) -> list:
+        """See :meth:`ActorPool.lost_tasks` (the pool of this process)."""
+        return self.pool.lost_tasks() if self.pool is not None else []
+
     def describe(self) -> list:
-        return ray.get([a.info.remote() for a in self.actors])
+        """One dict per ClientActor (see ClientActor.info), as the pool that replaces dead ones
+        sees them: the SchedulerActor's when there is one."""
+        if self._scheduler is not None:
+            return ray.get(self._scheduler.describe.remote())
+        return self.pool.describe()
 
     def close(self) -> None:
         """Shut down the embedded Ray, or only this run's actors when Ray was already running."""
@@ -166,11 +308,43 @@ class RayRuntime:
             ray.shutdown()
             self._owns_ray = False
         else:
-            for actor in self.actors + ([self._scheduler] if self._scheduler is not None else []):
+            for actor in (self.pool.actors if self.pool is not None else []) + \
+                    ([self._scheduler] if self._scheduler is not None else []):
                 ray.kill(actor)
             if self._group is not None:
                 remove_placement_group(self._group)
-        self.actors, self._scheduler, self._group = [], None, None
+        self.pool, self._scheduler, self._group = None, None, None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """Keep this process's SIGTERM handling through ``ray.init``.
+
+    ``ray.init`` replaces the SIGTERM handler with one that exits with status 15
+    (``ray/_private/worker.py``, ``init``: ``sigterm_handler``), and the driver's core worker
+    installs a C++ failure-signal handler that prints a stack dump on SIGTERM unless
+    ``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` (read when ``ray.init`` creates it;
+    set here for this process only, workers keep theirs). The handler in place before is put
+    back, and a SIGTERM that Ray's handler caught meanwhile is delivered to it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        signal.signal(signal.SIGTERM, before)
+        signal.raise_signal(signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _stop_autoscaler_monitor() -> None:

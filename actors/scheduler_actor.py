@@ -10,7 +10,8 @@ from raysim.loading import long_lived
 @ray.remote(num_cpus=0)
 class SchedulerActor:
     """Owns the virtual clock and dispatches client tasks to the ClientActors (through an
-    :class:`actors.runtime.ActorPool`); the driver only calls :meth:`advance` and writes rows."""
+    :class:`actors.runtime.ActorPool`); the driver calls the Scheduler's methods below (through
+    :class:`actors.runtime.RemoteScheduler`) and writes rows."""
 
     def __init__(self, scenario: dict, table, pool):
         with long_lived():
@@ -18,8 +19,19 @@ class SchedulerActor:
 
             self.scheduler = Scheduler(scenario, table, pool)
 
-    def advance(self, seconds: float) -> dict:
-        return self.scheduler.advance(seconds)
+    def advance(self, seconds: float, stop_version: int | None = None) -> dict:
+        return self.scheduler.advance(seconds, stop_version)
 
     def finish(self) -> dict:
         return self.scheduler.finish()
+
+    def run_state(self):
+        return self.scheduler.run_state()
+
+    def restore(self, state, wall_seconds: float = 0.0) -> None:
+        self.scheduler.restore(state, wall_seconds)
+
+    def describe(self) -> list:
+        """``ClientActor.info()`` of every ClientActor, as this actor's pool sees them (it
+        replaces those that die)."""
+        return self.scheduler.runtime.describe()

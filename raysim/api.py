@@ -39,21 +39,50 @@ def make_runtime(cfg):
     return RayRuntime(cfg.runtime)
 
 
+def execute(cfg, progress=None, began: float | None = None, checkpoint=None, freeze: bool = False):
+    """Prepare and run a loaded scenario on the runtime it names, then close the runtime; returns
+    (summary, prepared). ``checkpoint`` resumes a run; ``freeze`` loads libraries, data and model
+    as long-lived objects (:func:`raysim.loading.long_lived`; for the command line)."""
+    from contextlib import nullcontext
+
+    from raysim.engine.simulation import prepare, run_scenario
+    from raysim.loading import long_lived
+
+    runtime = make_runtime(cfg)
+    try:
+        with long_lived() if freeze else nullcontext():
+            prepared = prepare(cfg, meanwhile=runtime.start)  # Ray starts while torch loads
+        try:
+            summary = run_scenario(cfg, prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
+        finally:
+            prepared.output.release()
+    finally:
+        runtime.close()
+    return summary, prepared
+
+
 def run(scenario, overrides: Sequence[str] = (), progress=None) -> RunResult:
     """Run ``scenario`` (a YAML path, or a mapping of scenario keys) with ``key=value``
     ``overrides``, as ``raysim run`` does; bad input raises :class:`raysim.errors.ScenarioError`
     before any runtime starts, a failed run :class:`raysim.errors.RunError` (rows written so far
     stay in the output directory). ``progress(report)`` sees each report of the scheduler."""
     from raysim.config import load_scenario
-    from raysim.engine.simulation import prepare, run_scenario
 
     cfg = load_scenario(scenario, list(overrides))
-    runtime = make_runtime(cfg)
-    try:
-        prepared = prepare(cfg, meanwhile=runtime.start)
-        summary = run_scenario(cfg, prepared, runtime, progress=progress)
-    finally:
-        runtime.close()
+    return _result(cfg, *execute(cfg, progress))
+
+
+def resume(run_dir: str, overrides: Sequence[str] = (), progress=None) -> RunResult:
+    """Continue the run in ``run_dir`` from its checkpoint, as ``raysim resume`` does; ``overrides``
+    may only change keys that cannot change results (``runtime.*``, ``output.flush_seconds``,
+    ``output.checkpoint_*``). The result equals the uninterrupted run's (wall-clock columns aside)."""
+    from raysim.engine.resume import load_resume
+
+    cfg, checkpoint = load_resume(run_dir, list(overrides))
+    return _result(cfg, *execute(cfg, progress, checkpoint=checkpoint))
+
+
+def _result(cfg, summary: dict, prepared) -> RunResult:
     out = prepared.output
     return RunResult(summary, out.read_table("rounds.parquet"), out.read_table("events.parquet"),
                      prepared.model.module_at(prepared.final_params), str(cfg.output.dir))

@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, validate, list, bench."""
+"""The ``raysim`` command: run, resume, validate, list, submit, jobs, report, bench."""
 
 from __future__ import annotations
 
@@ -12,19 +12,22 @@ EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 class ProgressBar:
-    """tqdm bar over rounds (sync) or applied updates (async), with accuracy and updates per second."""
+    """tqdm bar over rounds (sync) or applied updates (async), with accuracy and updates per second;
+    it appears with the scheduler's first report (a run refused earlier prints only its error)."""
 
     def __init__(self, cfg, enabled: bool):
-        from tqdm import tqdm
-
         ex = cfg.execution
-        self.sync = ex.mode == "sync"
-        total = ex.rounds if self.sync else ex.max_updates
-        self.bar = tqdm(total=total, unit="round" if self.sync else "update", disable=not enabled,
-                        dynamic_ncols=True)
+        self.sync, self.enabled = ex.mode == "sync", enabled
+        self.total = ex.rounds if self.sync else ex.max_updates
+        self.bar = None
         self.last = (time.perf_counter(), 0)
 
     def __call__(self, report: dict):
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="round" if self.sync else "update", disable=not self.enabled,
+                            dynamic_ncols=True)
         done = report["version"] if self.sync else report["applied"]
         self.bar.update(done - self.bar.n)
         acc = report["last_eval"]["test_accuracy"]
@@ -34,30 +37,49 @@ class ProgressBar:
         self.bar.set_postfix({"acc": "-" if acc != acc else f"{acc:.4f}", "upd/s": f"{rate:.0f}"})
 
     def close(self):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def cmd_run(args) -> int:
-    from raysim.api import make_runtime
     from raysim.config import load_scenario
-    from raysim.engine.simulation import prepare, run_scenario
-    from raysim.loading import long_lived
 
     began = time.perf_counter()
-    cfg = load_scenario(args.scenario, args.overrides)
-    runtime = make_runtime(cfg)
+    return _execute(load_scenario(args.scenario, args.overrides), args, began)
+
+
+def cmd_resume(args) -> int:
+    from raysim.engine.resume import load_resume
+
+    began = time.perf_counter()
+    if args.address is not None:  # as a Ray job: the run's directory must be one the cluster reaches
+        from actors.jobs import submit
+
+        return submit(args.address, ["resume", args.run_dir, *args.overrides], args.follow, not args.no_wait,
+                      not args.no_pip)
+    cfg, checkpoint = load_resume(args.run_dir, args.overrides)
+    if not args.quiet:
+        print(f"resuming {cfg.name} from server step {checkpoint.version} in {cfg.output.dir}", file=sys.stderr)
+    return _execute(cfg, args, began, checkpoint)
+
+
+def _execute(cfg, args, began: float, checkpoint=None) -> int:
+    """Run (or resume) a loaded scenario with a progress bar and a closing line."""
+    from raysim.api import execute
+
+    bar = ProgressBar(cfg, enabled=not args.quiet)
     try:
-        with long_lived():
-            prepared = prepare(cfg, meanwhile=runtime.start)  # Ray starts while torch loads
-        bar = ProgressBar(cfg, enabled=not args.quiet)
-        try:
-            summary = run_scenario(cfg, prepared, runtime, progress=bar, began=began)
-        except RunError as exc:
-            raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
-        finally:
-            bar.close()
+        summary, _ = execute(cfg, bar, began, checkpoint, freeze=True)
+    except RunError as exc:
+        raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
+    except KeyboardInterrupt as exc:  # main() prints this line
+        from raysim.lifecycle import terminated
+
+        exc.args = (f"{'terminated' if terminated() else 'interrupted'}: metrics and a checkpoint are in "
+                    f"{cfg.output.dir}; continue with: raysim resume {cfg.output.dir}",)
+        raise
     finally:
-        runtime.close()
+        bar.close()
     if not args.quiet:
         acc = summary["final_test_accuracy"]
         print(f"{cfg.name}: {summary['rounds']} rounds, {summary['client_updates']} client updates, "
@@ -69,15 +91,20 @@ def cmd_run(args) -> int:
 def cmd_validate(args) -> int:
     from raysim.config import load_scenario
     from raysim.engine.simulation import prepare
+    from raysim.footprint import summary
 
     cfg = load_scenario(args.scenario, args.overrides)
+    if cfg.runtime.backend == "ray":  # the actors must fit the embedded Ray it would start
+        from actors.runtime import embedded_plan
+
+        embedded_plan(cfg.runtime)
     prepared = prepare(cfg, create_output=False)
     dataset, model = prepared.dataset, prepared.model
     ex = cfg.execution
     budget = f"{ex.rounds} rounds" if ex.mode == "sync" else f"async, {ex.concurrency} in flight"
     print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
-          f"algorithm {cfg.algorithm.name}, {budget}")
+          f"algorithm {cfg.algorithm.name}, {budget}; {summary(cfg)}")
     return 0
 
 
@@ -107,10 +134,10 @@ def cmd_submit(args) -> int:
     from raysim.config import load_scenario
 
     cfg = load_scenario(args.scenario, args.overrides)  # bad input fails before anything is submitted
-    from actors.jobs import local_modules, submit
+    from actors.jobs import in_repository, local_modules, submit
 
-    return submit(args.address, args.scenario, args.overrides, args.follow, not args.no_wait, not args.no_pip,
-                  local_modules(cfg))
+    return submit(args.address, ["run", in_repository(args.scenario), *args.overrides], args.follow,
+                  not args.no_wait, not args.no_pip, local_modules(cfg))
 
 
 def cmd_jobs(args) -> int:
@@ -132,7 +159,19 @@ def cmd_report(args) -> int:
 def cmd_bench(args) -> int:
     from raysim.bench import run_bench
 
-    return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous)
+    return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
+                     durability=args.durability, events=args.events)
+
+
+def _job_options(p, required: bool) -> None:
+    """Options of a command that runs as a Ray job on a cluster."""
+    p.add_argument("--address", required=required,
+                   help="the cluster's job server, e.g. http://HEAD:8265" + ("" if required else
+                        " (resume there as a Ray job; the run's directory must be a URI or a path the cluster has)"))
+    p.add_argument("--follow", action="store_true", help="stream the job's logs")
+    p.add_argument("--no-wait", action="store_true", help="return once submitted (the job id is printed)")
+    p.add_argument("--no-pip", action="store_true", help="do not ship raysim's Python dependencies as the job's "
+                                                          "pip runtime environment (the cluster has them)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -143,6 +182,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm.lr=0.1")
     run.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
     run.set_defaults(func=cmd_run)
+    res = sub.add_parser("resume", help="continue a stopped run from its checkpoint (same results as if it had "
+                                        "never stopped)")
+    res.add_argument("run_dir", help="the run's output directory (output.dir, a path or URI)")
+    res.add_argument("overrides", nargs="*", help="key=value overrides of keys that cannot change results: "
+                                                  "runtime.*, output.flush_seconds, output.checkpoint_*")
+    res.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
+    _job_options(res, required=False)
+    res.set_defaults(func=cmd_resume)
     val = sub.add_parser("validate", help="check a scenario and overrides without running it")
     val.add_argument("scenario")
     val.add_argument("overrides", nargs="*")
@@ -152,11 +199,7 @@ def parser() -> argparse.ArgumentParser:
     sbm = sub.add_parser("submit", help="run a scenario as a Ray job on a cluster (Job Submission SDK)")
     sbm.add_argument("scenario", help="scenario YAML file inside this repository (it travels with the job)")
     sbm.add_argument("overrides", nargs="*", help="key=value overrides")
-    sbm.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
-    sbm.add_argument("--follow", action="store_true", help="stream the job's logs")
-    sbm.add_argument("--no-wait", action="store_true", help="return once submitted (the job id is printed)")
-    sbm.add_argument("--no-pip", action="store_true", help="do not ship raysim's Python dependencies as the job's "
-                                                            "pip runtime environment (the cluster has them)")
+    _job_options(sbm, required=True)
     sbm.set_defaults(func=cmd_submit)
     jbs = sub.add_parser("jobs", help="list the cluster's jobs, or stop one")
     jbs.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
@@ -173,6 +216,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")
     bench.add_argument("--async", dest="asynchronous", action="store_true",
                        help="scheduler throughput (1,000 in flight) and async W1 vs sync W1 instead")
+    bench.add_argument("--durability", action="store_true",
+                       help="checkpoint cost per W1 round, interrupt-and-resume time against an uninterrupted W1, "
+                            "and the driver's memory over a long FedAsync run")
+    bench.add_argument("--events", type=int, default=1_000_000, help="applied updates of --durability's long run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--out", default="results/bench", help="directory for the runs' outputs")
     bench.add_argument("--repeat", type=int, default=1, help="runs per side (medians are reported)")
@@ -181,23 +228,30 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from contextlib import nullcontext
+
+    from raysim.lifecycle import Terminated, guarded, handle_signals, terminated
+
     p = parser()
     args, extra = p.parse_known_args(argv)
     if extra and (not hasattr(args, "overrides") or any(e.startswith("-") for e in extra)):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # key=value overrides given after an option such as --quiet
         args.overrides = list(args.overrides) + extra
+    handle_signals()  # SIGTERM stops like Ctrl-C; a second signal does not interrupt the clean-up
     try:
-        return args.func(args)
+        with guarded() if args.command in ("run", "resume") else nullcontext():  # no process outlives the run
+            return args.func(args)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RUN_FAILED
-    except KeyboardInterrupt:
-        print("interrupted: metrics written so far are kept", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        print(str(exc) or f"{'terminated' if terminated() else 'interrupted'}: metrics written so far are kept",
+              file=sys.stderr)
+        return Terminated.EXIT_STATUS if terminated() else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -10,22 +10,26 @@ Ray starts with one line naming the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from raysim.errors import ScenarioError
-from raysim.schema import check_values, inapplicable, key, when
+from raysim.schema import (INT64_MAX, check_numbers, check_values, inapplicable, key, non_negative, non_negative_int,
+                           when)
 from raysim.system.config import SystemConfig
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS = (when("data.kind", k) for k in
                                            ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs"))
 SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
+MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 
 
 @dataclass
@@ -129,7 +133,7 @@ class RuntimeConfig:
     clients_per_task: Any = "auto"  # clients trained together (vectorized) in one task; auto: see README
     scheduler: str = "auto"  # actor | driver | auto (driver with an embedded Ray, actor on a cluster)
     placement: str = "spread"  # spread | pack: ClientActors over the cluster's nodes
-    torch_threads: int = 1  # torch threads inside client work
+    torch_threads: int = 1  # torch threads inside client work (at most MAX_TORCH_THREADS)
 
 
 @dataclass
@@ -148,7 +152,12 @@ class OutputConfig:
 
     dir: str = "results/${name}"
     save_model: bool = True
-    flush_seconds: float = 2.0  # Parquet files are rewritten at most this often
+    flush_seconds: float = 2.0  # rows reach the Parquet logs at least this often (and on every checkpoint)
+    checkpoint_every: int = key(0, "server steps between checkpoints (checkpoint.pt, for raysim resume; one is "
+                                "also written on Ctrl-C and SIGTERM); 0: by wall time", check=non_negative_int)
+    checkpoint_seconds: float = key(60.0, "with checkpoint_every 0: wall seconds between checkpoints (at most 5% "
+                                    "of the run's time goes to them); 0: only on Ctrl-C and SIGTERM",
+                                    check=non_negative)
 
 
 @dataclass
@@ -192,7 +201,7 @@ def load_scenario(source, overrides: List[str] = ()) -> DictConfig:
     explicit += [f"algorithm.{p}" for layer in algorithm_layers[loaded:] for p in _leaf_paths(layer)]
     cfg = schema
     for layer in layers:
-        _check_unknown_keys(layer, schema)
+        _check_layer(layer, schema)
         try:
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as exc:
@@ -230,7 +239,7 @@ def _algorithm_section(layers: list) -> DictConfig:
     keys = algorithm_keys(name)
     section = OmegaConf.structured(keys)
     for layer in layers:
-        _check_unknown_keys(layer, section, "algorithm.", f"a key of algorithm.name={name}")
+        _check_layer(layer, section, "algorithm.", f"a key of algorithm.name={name}")
         try:
             section = OmegaConf.merge(section, layer)
         except OmegaConfBaseException as exc:
@@ -249,16 +258,22 @@ def _leaf_paths(node: DictConfig, prefix: str = ""):
 
 
 def _read_yaml(path: str) -> DictConfig:
+    """A scenario file: a non-empty YAML mapping of scenario keys."""
     if not os.path.isfile(path):
         raise ScenarioError("scenario", path, "an existing YAML file")
     try:
-        loaded = OmegaConf.load(path)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        content = yaml.safe_load(text)  # OmegaConf would read an empty file, null or a word as a mapping
+        if isinstance(content, dict) and content:
+            return OmegaConf.create(text)
     except Exception as exc:  # yaml errors come in several types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ScenarioError("scenario", path, f"valid YAML ({first})") from None
-    if not isinstance(loaded, DictConfig):
-        raise ScenarioError("scenario", path, "a YAML mapping of keys to values")
-    return loaded
+    shown = "null" if content is None else "a list" if isinstance(content, list) and content else repr(content)
+    what = "the file is empty" if yaml.compose(text) is None else f"the file holds {shown}"  # None: no document
+    raise ScenarioError("scenario", path, f"a YAML mapping of scenario keys ({', '.join(TOP_LEVEL_KEYS[:4])}, ...); "
+                                          f"{what}")
 
 
 def _parse_overrides(overrides) -> DictConfig:
@@ -271,17 +286,41 @@ def _parse_overrides(overrides) -> DictConfig:
         raise ScenarioError("override", " ".join(overrides), f"key=value pairs ({exc})") from None
 
 
-def _check_unknown_keys(layer: DictConfig, schema: DictConfig, prefix: str = "", what: str = "a known key") -> None:
-    """Reject keys the schema does not declare, listing the allowed ones."""
-    for key in layer.keys():
-        path = f"{prefix}{key}"
-        if key not in schema:
-            allowed = ", ".join(str(k) for k in schema.keys()) or "no key yet"
-            raise ScenarioError(path, _raw(layer, key), f"{what}; allowed here: {allowed}")
-        sub, child = schema[key], layer._get_node(key)
-        free_form = isinstance(sub, DictConfig) and OmegaConf.get_type(sub) is dict  # e.g. model.options
-        if isinstance(sub, DictConfig) and isinstance(child, DictConfig) and not free_form:
-            _check_unknown_keys(child, sub, path + ".", what)
+def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: str = "a known key") -> None:
+    """Reject keys the schema does not declare (listing the allowed ones) and values of the wrong
+    shape: a section needs a mapping, a list a list, and each entry of a list of sections (such
+    as ``system.compute.tiers``) a mapping of that entry's keys, with values of their types."""
+    for name in layer.keys():
+        path = f"{prefix}{name}"
+        if name not in schema:
+            allowed = ", ".join(str(k) for k in schema.keys()) or "no name yet"
+            raise ScenarioError(path, _raw(layer, name), f"{what}; allowed here: {allowed}")
+        declared, child = schema._get_node(name), layer._get_node(name)
+        if child._is_interpolation() or (child._is_none() and declared._metadata.optional):
+            continue
+        section = declared._metadata.ref_type
+        if dataclasses.is_dataclass(section):
+            _check_entry(layer, name, section, path, what)
+        elif isinstance(declared, ListConfig):
+            entry = declared._metadata.element_type
+            _check(isinstance(child, ListConfig), path, _raw(layer, name), f"a list of {_type_name(entry)}")
+            if dataclasses.is_dataclass(entry):
+                for i in range(len(child)):
+                    _check_entry(child, i, entry, f"{path}[{i}]", what)
+        elif isinstance(declared, DictConfig):  # a free-form mapping, e.g. model.options
+            _check(isinstance(child, DictConfig), path, _raw(layer, name), "a mapping of keys to values")
+
+
+def _check_entry(parent, key, section: type, path: str, what: str) -> None:
+    """``parent[key]`` holds a mapping of the keys of ``section`` (a dataclass) with values of their types."""
+    child, schema = parent._get_node(key), OmegaConf.structured(section)
+    _check(isinstance(child, DictConfig), path, _raw(parent, key),
+           "a mapping of keys (" + ", ".join(schema.keys()) + ")")
+    _check_layer(child, schema, path + ".", what)
+    try:
+        OmegaConf.merge(schema, OmegaConf.create(OmegaConf.to_container(child)))
+    except OmegaConfBaseException as exc:
+        raise _translate(exc, section, path + ".") from None
 
 
 def _raw(layer: DictConfig, key) -> Any:
@@ -299,12 +338,23 @@ def _translate(exc: OmegaConfBaseException, schema: type = Scenario, prefix: str
 
 
 def _declared_type(key: str, schema: type = Scenario) -> str:
-    """The schema's type for a dotted key, e.g. 'int' or 'Optional[float]'."""
+    """The schema's type for a dotted key, e.g. 'int', 'Optional[float]' or, for 'model.hidden[1]', 'int'."""
     node = OmegaConf.structured(schema)
-    for part in key.split("."):
-        node = node._get_node(part)
-    ref = node._metadata.ref_type
-    return getattr(ref, "__name__", None) if not hasattr(ref, "__args__") else str(ref).replace("typing.", "")
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", key):
+        if name:
+            node = node._get_node(name)
+            declared = node._metadata.ref_type
+        else:
+            declared = node._metadata.element_type
+            node = OmegaConf.structured(declared) if dataclasses.is_dataclass(declared) else None
+    return _type_name(declared)
+
+
+def _type_name(declared) -> str:
+    """A type as a scenario author writes it: 'int', 'List[Tier]', 'Optional[float]'."""
+    if hasattr(declared, "__args__"):
+        return re.sub(r"\b(?:\w+\.)+", "", str(declared))
+    return getattr(declared, "__name__", str(declared))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -346,16 +396,18 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     paths the scenario sets) would be ignored; raise ScenarioError on the first bad one."""
     from raysim.catalog import ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_keys, check_init
     from raysim.data import DATASETS
+    from raysim.data._checks import check_num_clients
     from raysim.data.partition import PARTITIONERS
     from raysim.system import validate_system
 
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
            "a non-empty name of letters, digits, '.', '_' or '-'")
-    _non_negative("seed", cfg.seed)
+    _check(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
+    check_numbers(cfg)
 
     d = cfg.data
     _custom_or_one_of("data.kind", d.kind, DATASETS, d.options, "a function returning a raysim.data.FederatedDataset")
-    _positive("data.num_clients", d.num_clients, integer=True)
+    check_num_clients(d.num_clients)
     _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
     _positive("data.alpha", d.alpha)
     _positive("data.beta", d.beta)
@@ -377,8 +429,8 @@ def validate(cfg: DictConfig, explicit=()) -> None:
                list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
 
     if d.kind == "quadratic":
-        for key in ("n", "d_theta", "d_w"):
-            _positive(f"data.{key}", d[key], integer=True)
+        for name in ("n", "d_theta", "d_w"):
+            _positive(f"data.{name}", d[name], integer=True)
 
     m = cfg.model
     _custom_or_one_of("model.kind", m.kind, MODELS, m.options, "a function returning a torch.nn.Module")
@@ -451,7 +503,8 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     cpt = r.clients_per_task
     _check(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
            "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
-    _positive("runtime.torch_threads", r.torch_threads, integer=True)
+    _check(1 <= r.torch_threads <= MAX_TORCH_THREADS, "runtime.torch_threads", r.torch_threads,
+           f"an integer in [1, {MAX_TORCH_THREADS}]")
 
     validate_system(cfg.system, None if d.kind == "parquet" else d.num_clients)
 
@@ -464,6 +517,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
 
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)
+    check_values(cfg, OutputConfig, "output")
 
     for path in explicit:
         section, _, rest = path.partition(".")
@@ -488,5 +542,27 @@ def scenario_object(container: dict) -> Scenario:
 
 
 def to_yaml(cfg: DictConfig) -> str:
-    """The resolved scenario as YAML text."""
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    """The resolved scenario as YAML text, without the keys this scenario ignores (another data
+    kind's, mode's or algorithm's), so that ``raysim run`` of the saved file runs it again."""
+    from raysim.catalog import algorithm_keys
+
+    keys = algorithm_keys(cfg.algorithm.name)
+    content = OmegaConf.to_container(cfg, resolve=True)
+    for path in _leaf_paths(cfg):
+        section, _, rest = path.partition(".")
+        if (inapplicable(cfg, keys, "algorithm", rest) if section == "algorithm"
+                else inapplicable(cfg, Scenario, "", path)) is not None:
+            *parents, leaf = path.split(".")
+            node = content
+            for part in parents:
+                node = node[part]
+            del node[leaf]
+    return OmegaConf.to_yaml(OmegaConf.create(_without_empty(content)))
+
+
+def _without_empty(node):
+    """A mapping without the sub-mappings that are left empty."""
+    if not isinstance(node, dict):
+        return node
+    kept = {k: _without_empty(v) for k, v in node.items()}
+    return {k: v for k, v in kept.items() if v != {} or not isinstance(node[k], dict)}

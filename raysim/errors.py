@@ -23,3 +23,17 @@ class DivergenceError(RunError):
 
 class NoClientAvailable(RunError):
     """No client is, or will ever be, available to sample."""
+
+
+class SchedulerLost(RunError):
+    """The SchedulerActor died (its process was killed or its node lost); the run restarts it from
+    the last checkpoint."""
+
+
+class OutputError(RunError):
+    """A file of the output directory could not be written (disk full, no permission, read-only):
+    ``cannot write <path>: <reason>``; what was written before stays readable."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        super().__init__(f"cannot write {path}: {reason}")

@@ -7,7 +7,8 @@ an optional ``when`` (a :class:`When`: the key applies only if another key holds
 values). The scenario loader uses them to reject bad values and keys that a scenario sets
 but that would be ignored (``data.partition.*`` with ``gaussian_mixture``, ``execution.deadline``
 in ``async`` mode, ``algorithm.server_betas`` with ``server_optimizer: sgd``); ``raysim list``
-prints the docs. Torch-free.
+prints the docs. Whatever a key's own check, :func:`check_numbers` holds every ``float`` key to a
+finite value and every ``int`` key to 64 bits. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.nodes import FloatNode, IntegerNode
 
 from raysim.errors import ScenarioError
+
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1  # what numpy and torch hold; larger Python ints overflow there
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,24 @@ def check_values(cfg, schema: type, section: str) -> None:
         check = f.metadata.get("check")
         if check is not None:
             check(f"{section}.{f.name}" if section else f.name, node[f.name])
+
+
+def check_numbers(node, path: str = "") -> None:
+    """Every value of a key declared ``float`` is finite and every value of one declared ``int``
+    fits in 64 bits (in ``node``, a loaded scenario or a section at ``path``, lists included);
+    ScenarioError names the first that does not."""
+    if isinstance(node, DictConfig) and not node._is_none():
+        for name in node.keys():
+            check_numbers(node._get_node(name), f"{path}.{name}" if path else str(name))
+    elif isinstance(node, ListConfig) and not node._is_none():
+        for i in range(len(node)):
+            check_numbers(node._get_node(i), f"{path}[{i}]")
+    elif isinstance(node, (FloatNode, IntegerNode)) and node._value() is not None:
+        value = node._value()
+        if isinstance(node, FloatNode) and not math.isfinite(value):
+            raise ScenarioError(path, value, "a finite number")
+        if isinstance(node, IntegerNode) and not INT64_MIN <= value <= INT64_MAX:
+            raise ScenarioError(path, value, f"an integer in [{INT64_MIN}, {INT64_MAX}]")
 
 
 def inapplicable(cfg, schema: type, section: str, path: str) -> str | None:

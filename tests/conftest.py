@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 
+import psutil
 import pytest
 
 from raysim.config import load_scenario
@@ -13,10 +15,29 @@ from raysim.config import load_scenario
 RAY_CPUS, RAY_GPUS = 4, 1
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run the tests marked slow (full fault-injection "
+                                                            "and scaling runs)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def small_scenario(tmp_path, *overrides, backend="local"):
     """A fast scenario (Gaussian mixture, 40 clients, MLP) with overrides, writing under tmp_path.
     The base's MLP size and round settings are left out when the overrides choose another model
     kind or asynchronous mode (a key that would be ignored is an error)."""
+    return load_scenario(None, small_overrides(tmp_path, *overrides, backend=backend))
+
+
+def small_overrides(tmp_path, *overrides, backend="local") -> list:
+    """The ``key=value`` list that :func:`small_scenario` loads (for command lines)."""
     chosen = dict(o.split("=", 1) for o in overrides)
     base = ["name=small", "data.kind=gaussian_mixture", "data.num_clients=40", "model.kind=mlp",
             "runtime.clients_per_task=5", f"runtime.backend={backend}", f"output.dir={tmp_path}/out",
@@ -25,14 +46,51 @@ def small_scenario(tmp_path, *overrides, backend="local"):
         base.append("model.hidden=[16]")
     if chosen.get("execution.mode", "sync") == "sync":
         base += ["execution.rounds=3", "execution.clients_per_round=12"]
-    return load_scenario(None, base + list(overrides))
+    return base + list(overrides)
+
+
+def init_session_ray():
+    """Start the test session's embedded Ray (RAY_CPUS logical CPUs, RAY_GPUS logical GPUs)."""
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(num_cpus=RAY_CPUS, num_gpus=RAY_GPUS, include_dashboard=False, logging_level="ERROR")
 
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One embedded Ray for every test that needs it (RayRuntime reuses it and leaves it running)."""
+    """One embedded Ray for every test that needs it (RayRuntime reuses it and leaves it running);
+    a module that needs another cluster (test_multinode) starts it again when done."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=RAY_CPUS, num_gpus=RAY_GPUS, include_dashboard=False, logging_level="ERROR")
+    init_session_ray()
     yield ray
     ray.shutdown()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_processes(sid: int) -> list:
+    """The live processes of session ``sid`` (a process started with ``start_new_session=True``
+    leads one; Ray's daemons and agents started under it stay in it)."""
+    found = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(p.pid) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def kill_processes(processes: list) -> None:
+    """SIGKILL each of ``processes`` that is still alive."""
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from raysim.cli import main
-from raysim.config import TOP_LEVEL_KEYS, load_scenario
+from raysim.config import TOP_LEVEL_KEYS, load_scenario, to_yaml
 from raysim.errors import ScenarioError
 
 
@@ -28,7 +28,7 @@ def test_overrides_and_interpolation():
     (["data.foo=1"], "data.foo", ["num_clients", "kind"]),
     (["nonsense=3"], "nonsense", ["algorithm", "execution"]),
     (["execution.rounds=abc"], "execution.rounds", ["abc", "int"]),
-    (["data.num_clients=-5"], "data.num_clients", ["-5", "positive integer"]),
+    (["data.num_clients=-5"], "data.num_clients", ["-5", "an integer in [1, 2147483647]"]),
     (["execution.clients_per_round=500"], "execution.clients_per_round", ["500", "[1, data.num_clients=100]"]),
     (["algorithm.lr=0"], "algorithm.lr", ["0", "> 0"]),
     (["algorithm.lr=-0.1"], "algorithm.lr", ["-0.1", "> 0"]),
@@ -97,3 +97,18 @@ def test_list_shows_names_and_keys_as_yaml(capsys):
     keys = listing["scenario keys"]
     assert keys["runtime.gpus_per_actor"] == {"default": 0.0}
     assert keys["execution.deadline"]["doc"].startswith("sync:") and keys["data.partition.kind"] == {"default": "iid"}
+
+
+@pytest.mark.parametrize("source, overrides", [
+    ("scenarios/quickstart.yaml", []), ("scenarios/quickstart.yaml", ["algorithm.name=scaffold", "data.kind=digits"]),
+    (None, ["execution.mode=async", "algorithm.name=fedadam", "execution.max_updates=10"])])
+def test_the_saved_scenario_runs_again_as_it_is(tmp_path, source, overrides):
+    """scenario.yaml holds only the keys that apply, so loading it back gives the same scenario
+    (a saved file holding another mode's keys would be refused as setting ignored keys)."""
+    cfg = load_scenario(source, overrides)
+    text = to_yaml(cfg)
+    if source is None:
+        assert "deadline" not in text and "clients_per_round" not in text and "partition" not in text
+    saved = tmp_path / "scenario.yaml"
+    saved.write_text(text)
+    assert load_scenario(str(saved)) == cfg

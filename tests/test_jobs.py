@@ -6,42 +6,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 
-import psutil
 import pytest
+from conftest import free_port, kill_processes, session_processes
 
 pytest.importorskip("ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def head():
     """A Ray head in its own temp dir; only its processes are stopped afterwards."""
     temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must stay short
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     cmd = ["ray", "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-           f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-           f"--metrics-export-port={_free_port()}", f"--temp-dir={temp}", "--disable-usage-stats"]
+           f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
+           f"--metrics-export-port={free_port()}", f"--temp-dir={temp}", "--disable-usage-stats"]
+    starter = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=180)
+        out, _ = starter.communicate(timeout=180)
+        assert starter.returncode == 0, out
         yield f"http://127.0.0.1:{dashboard}"
-    finally:  # always shut the head down, also when a test fails
-        for proc in psutil.process_iter(["cmdline"]):
-            try:
-                if any(temp in part for part in proc.info["cmdline"] or []):
-                    proc.kill()
-            except psutil.Error:
-                continue
+    finally:  # always shut the head down, also when a test fails: every process of its session
+        kill_processes(session_processes(starter.pid))
         shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import small_scenario
+from conftest import init_session_ray, small_scenario
 
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.simulation import prepare, run_scenario
@@ -17,7 +17,8 @@ ray = pytest.importorskip("ray")
 def two_nodes():
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
+    session = ray.is_initialized()  # the test session's Ray: started again afterwards
+    if session:
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
     try:
@@ -28,6 +29,8 @@ def two_nodes():
     finally:  # shut everything down, also when a test fails
         ray.shutdown()
         cluster.shutdown()
+        if session:
+            init_session_ray()
 
 
 @pytest.mark.parametrize("placement", ["spread", "pack"])

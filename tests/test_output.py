@@ -1,9 +1,16 @@
-"""output.dir on pyarrow filesystems: local paths, file:// URIs, an in-memory filesystem."""
+"""output.dir on pyarrow filesystems (local paths, file:// URIs, an in-memory filesystem); atomic writes,
+the lock a run holds on its directory, and clearing an earlier run's files."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import socket
+import subprocess
+import sys
 
+import psutil
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -11,8 +18,9 @@ from conftest import small_scenario
 
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.simulation import prepare, run_scenario
-from raysim.errors import ScenarioError
+from raysim.errors import OutputError, ScenarioError
 from raysim.metrics import OutputDir
+from raysim.metrics.output import LOCK
 
 
 def test_file_uri(tmp_path):
@@ -40,3 +48,88 @@ def test_bad_output_uri_is_an_input_error(tmp_path):
     cfg = small_scenario(tmp_path, "output.dir=nosuchfs://bucket/run")
     with pytest.raises(ScenarioError, match=r"^output.dir = 'nosuchfs://bucket/run': expected a writable local path"):
         prepare(cfg)
+
+
+def test_writes_are_atomic_and_a_failed_one_keeps_the_old_file(tmp_path):
+    out = OutputDir.open(str(tmp_path / "run"))
+    out.write_text("summary.json", "old")
+    out.write_text("summary.json", "new")
+
+    def fill_the_disk(tmp):
+        with open(tmp, "w") as f:
+            f.write("half of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OutputError) as error:
+        out.write_atomic("summary.json", fill_the_disk)
+    assert str(error.value) == f"cannot write {tmp_path}/run/summary.json: No space left on device"
+    assert error.value.__suppress_context__ and error.value.__cause__ is None
+    assert os.listdir(tmp_path / "run") == ["summary.json"] and (tmp_path / "run/summary.json").read_text() == "new"
+
+
+def lock_of(pid: int, host: str | None = None, started: float | None = None) -> dict:
+    return {"pid": pid, "host": host or socket.gethostname(),
+            "process_started": psutil.Process(pid).create_time() if started is None else started,
+            "run_started": "2030-01-02T03:04:05+00:00"}
+
+
+def test_a_live_run_holds_the_directory_until_its_process_is_gone(tmp_path):
+    out = OutputDir.open(str(tmp_path / "run"))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run" / LOCK).write_text(json.dumps(lock_of(holder.pid)))
+        with pytest.raises(ScenarioError) as error:
+            out.claim()
+        assert str(error.value) == (f"output.dir = '{tmp_path}/run': expected a directory no other live run is "
+                                    f"writing to (pid {holder.pid} on {socket.gethostname()} has held it since "
+                                    "2030-01-02T03:04:05+00:00)")
+    finally:
+        holder.kill()
+        holder.wait()
+    with out.claim():  # the holder is gone: its lock is stale
+        assert json.loads((tmp_path / "run" / LOCK).read_text())["pid"] == os.getpid()
+    assert not (tmp_path / "run" / LOCK).exists()
+
+
+def test_a_lock_whose_pid_was_reused_is_stale(tmp_path):
+    out = OutputDir.open(str(tmp_path / "run"))
+    (tmp_path / "run" / LOCK).write_text(json.dumps(lock_of(os.getpid(), started=1.0)))
+    out.claim()
+    assert json.loads((tmp_path / "run" / LOCK).read_text())["process_started"] == psutil.Process().create_time()
+
+
+def test_a_lock_from_another_host_counts_as_live_and_says_how_to_remove_it(tmp_path):
+    out = OutputDir.open(str(tmp_path / "run"))
+    (tmp_path / "run" / LOCK).write_text(json.dumps(lock_of(os.getpid(), host="elsewhere")))
+    with pytest.raises(ScenarioError, match=rf"pid {os.getpid()} on elsewhere has held it since 2030-01-02T03:04:05"
+                                            rf"\+00:00; if that run is gone, delete {tmp_path}/run/\.raysim\.lock\)$"):
+        out.claim()
+
+
+def test_claims_on_another_filesystem_and_release_removes_only_our_lock():
+    memory = pafs._MockFileSystem()
+    first, second = OutputDir(memory, "bucket/run"), OutputDir(memory, "bucket/run")
+    first.claim()
+    with pytest.raises(ScenarioError, match=f"pid {os.getpid()} on "):
+        second.claim()  # a second run of this very process
+    second.release()
+    assert memory.get_file_info(f"bucket/run/{LOCK}").type == pafs.FileType.File
+    first.release()
+    assert [i.base_name for i in memory.get_file_info(pafs.FileSelector("bucket/run"))] == []
+    with second.claim():
+        assert memory.get_file_info(f"bucket/run/{LOCK}").type == pafs.FileType.File
+    assert memory.get_file_info(f"bucket/run/{LOCK}").type == pafs.FileType.NotFound
+
+
+def test_clear_run_files_removes_an_earlier_run_and_keeps_the_users_files(tmp_path):
+    run = tmp_path / "run"
+    out = OutputDir.open(str(run))
+    for name in ["scenario.yaml", "summary.json", "model.pt", "checkpoint.pt", "events.parquet",
+                 ".summary.json.0123abcd.tmp", "rounds.parquet.tmp", "accuracy_vs_wall_time.png", "timeline.png",
+                 "notes.txt", "my_plot.png", "data.parquet", "draft.tmp"]:
+        (run / name).write_bytes(b"x")
+    (run / "rounds.parquet").mkdir()
+    (run / "rounds.parquet/part-000000000000-000000000001-0.parquet").write_bytes(b"x")
+    out.claim()
+    out.clear_run_files()
+    assert sorted(os.listdir(run)) == [LOCK, "data.parquet", "draft.tmp", "my_plot.png", "notes.txt"]

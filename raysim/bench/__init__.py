@@ -94,11 +94,17 @@ def run_async_bench(out: Path, repeat: int) -> dict:
 
 
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
-              asynchronous: bool = False) -> int:
+              asynchronous: bool = False, durability: bool = False, events: int = 1_000_000) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if durability:
+        from raysim.bench.durability import run_durability_bench
+
+        print(f"raysim bench --durability on {os.cpu_count()} CPUs; each run in a fresh process")
+        (out / "bench_durability.json").write_text(json.dumps(run_durability_bench(out, events), indent=2) + "\n")
+        return 0
     if asynchronous:
         print(f"raysim bench --async on {os.cpu_count()} CPUs; each run in a fresh process")
         print(f"{'run':14s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MiB':>9s} {'RSS MiB':>9s} {'accuracy':>8s}")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numbers
 
+from raysim.data.federated import MAX_CLIENTS
 from raysim.errors import ScenarioError
 
 
 def check_num_clients(num_clients) -> int:
-    """``data.num_clients`` must be an integer >= 1."""
-    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients < 1:
-        raise ScenarioError("data.num_clients", num_clients, "an integer >= 1")
+    """``data.num_clients`` must be an integer in [1, MAX_CLIENTS]."""
+    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) \
+            or not 1 <= num_clients <= MAX_CLIENTS:
+        raise ScenarioError("data.num_clients", num_clients, f"an integer in [1, {MAX_CLIENTS}]")
     return int(num_clients)
 
 

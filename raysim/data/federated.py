@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 TRAIN, TEST = 0, 1
+MAX_CLIENTS = 2 ** 31 - 1  # client_id is int32
 COLUMNS = ("client_id", "split", "x", "y")
 _META_KEYS = ("num_clients", "num_classes", "feature_shape")
 

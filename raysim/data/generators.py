@@ -15,6 +15,17 @@ from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream
 
 _DIM, _CLASSES = 60, 10
+_GM_TRAIN, _GM_STEP, _GM_SPREAD, _GM_TEST = 50, 37, 151, 10  # gaussian_mixture client k: 50 + (37 k mod 151) train rows
+LEAF_MEAN_ROWS = 50 + float(np.exp(4.0 + 2.0 ** 2 / 2))  # leaf_synthetic: E[int(lognormal(4, 2))] + 50, about 453
+DIGITS_ROWS, DIGITS_SHAPE = 1797, (1, 8, 8)  # scikit-learn's digits
+
+
+def gaussian_mixture_rows(num_clients: int) -> int:
+    """Rows (train and test) of ``gaussian_mixture(num_clients, ·)``, without generating them (37 and
+    the prime 151 are coprime, so every 151 consecutive clients add 0 + 1 + … + 150 rows to the base)."""
+    cycles, rest = divmod(num_clients, _GM_SPREAD)
+    spread = cycles * (_GM_SPREAD * (_GM_SPREAD - 1) // 2) + int((_GM_STEP * np.arange(rest) % _GM_SPREAD).sum())
+    return num_clients * (_GM_TRAIN + _GM_TEST) + spread
 
 
 def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
@@ -28,8 +39,8 @@ def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
     """
     num_clients = check_num_clients(num_clients)
     means = stream(seed, Purpose.GAUSSIAN_MIXTURE_MEANS).normal(0.0, 0.3, size=(_CLASSES, _DIM))
-    n_test = 10
-    train_sizes = 50 + (37 * np.arange(num_clients, dtype=np.int64)) % 151
+    n_test = _GM_TEST
+    train_sizes = _GM_TRAIN + (_GM_STEP * np.arange(num_clients, dtype=np.int64)) % _GM_SPREAD
     ends = np.cumsum(train_sizes + n_test)
     x = np.empty((int(ends[-1]), _DIM), dtype=np.float32)
     y = np.empty(int(ends[-1]), dtype=np.int64)
@@ -155,7 +166,7 @@ def digits(num_clients: int, partition_cfg, test_fraction: float, seed: int, *,
         if concept_shift:
             pi = _digits_writer_labels(seed, k)
             train_y[k], test_y[k] = pi[train_y[k]], pi[test_y[k]]
-    return FederatedDataset.from_clients(train_x, train_y, test_x, test_y, 10, (1, 8, 8))
+    return FederatedDataset.from_clients(train_x, train_y, test_x, test_y, 10, DIGITS_SHAPE)
 
 
 def blobs(num_clients: int, num_samples: int, num_features: int, num_classes: int, partition_cfg,

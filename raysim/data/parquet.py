@@ -15,6 +15,7 @@ from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream
 
 SPLIT_COLUMN = "split"
+MAX_CLASSES = 2 ** 20  # labels are class indices: the model has one output per class
 
 
 def _array(table: pa.Table, name: str) -> pa.Array:
@@ -27,8 +28,12 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-def _features(table: pa.Table, columns: list[str], requested) -> np.ndarray:
-    """float32 ``[N, D]`` from one list column or several numeric scalar columns."""
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _features(table: pa.Table, columns: list[str], requested, path: str) -> np.ndarray:
+    """float32 ``[N, D]`` from one list column or several numeric scalar columns, all finite."""
     def bad(allowed: str) -> ScenarioError:
         return ScenarioError("data.feature_columns", requested, allowed)
 
@@ -38,23 +43,44 @@ def _features(table: pa.Table, columns: list[str], requested) -> np.ndarray:
     if any(a.null_count for a in arrays):
         raise bad("feature columns without missing values")
     n = table.num_rows
-    first = arrays[0].type
-    if len(arrays) == 1 and (pa.types.is_list(first) or pa.types.is_large_list(first)
-                             or pa.types.is_fixed_size_list(first)):
+    if len(arrays) == 1 and _is_list(arrays[0].type):
         lengths = pc.list_value_length(arrays[0]).to_numpy(zero_copy_only=False)
-        values = arrays[0].flatten()
-        if not _is_numeric(values.type) or values.null_count:
+        values = [arrays[0].flatten()]
+        if not _is_numeric(values[0].type) or values[0].null_count:
             raise bad("a list column of numbers without missing values")
         if (lengths != lengths[0]).any() or lengths[0] == 0:
             raise bad("a list column whose rows all have the same, non-zero length")
-        return values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, -1)
-    non_numeric = [name for name, a in zip(columns, arrays) if not _is_numeric(a.type)]
-    if non_numeric:
-        raise bad(f"numeric columns or a single list column (not numeric: {', '.join(non_numeric)})")
-    x = np.empty((n, len(arrays)), dtype=np.float32)
-    for j, a in enumerate(arrays):
-        x[:, j] = a.to_numpy(zero_copy_only=False)
+        with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf, reported below
+            x = values[0].to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, -1)
+    else:
+        non_numeric = [name for name, a in zip(columns, arrays) if not _is_numeric(a.type)]
+        if non_numeric:
+            raise bad(f"numeric columns or a single list column (not numeric: {', '.join(non_numeric)})")
+        values = arrays
+        x = np.empty((n, len(arrays)), dtype=np.float32)
+        with np.errstate(over="ignore"):
+            for j, a in enumerate(arrays):
+                x[:, j] = a.to_numpy(zero_copy_only=False)
+    finite = np.isfinite(x)
+    if not finite.all():
+        row, j = np.unravel_index(int(np.argmin(finite)), x.shape)
+        value = values[j][row] if len(values) > 1 else values[0][row * x.shape[1] + j]
+        raise ScenarioError("data.path", path, f"finite feature values within float32's range "
+                                               f"(column {columns[min(j, len(columns) - 1)]!r} holds {value.as_py()})")
     return x
+
+
+def _labels(table: pa.Table, label_column: str, path: str) -> np.ndarray:
+    """int64 labels in [0, MAX_CLASSES) from ``label_column``."""
+    labels = _array(table, label_column)
+    if labels.null_count or not pa.types.is_integer(labels.type):
+        raise ScenarioError("data.label_column", label_column, "a column of integer labels without missing values")
+    y = labels.to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = (y < 0) | (y >= MAX_CLASSES)
+    if bad.any():
+        raise ScenarioError("data.path", path, f"class labels in [0, {MAX_CLASSES - 1}] "
+                                               f"(column {label_column!r} holds {labels[int(np.argmax(bad))].as_py()})")
+    return y
 
 
 def load_parquet(path: str, label_column: str, client_column: str, feature_columns: list[str] | None,
@@ -69,30 +95,9 @@ def load_parquet(path: str, label_column: str, client_column: str, feature_colum
     ``num_classes`` is the largest label + 1; ``image_shape`` (optional) reshapes the features.
     """
     test_fraction = check_test_fraction(test_fraction)
-    if path is None or not os.path.exists(path):
-        raise ScenarioError("data.path", path, "an existing Parquet file or directory")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        reason = " ".join(str(exc).split())
-        raise ScenarioError("data.path", path, f"a readable Parquet file or directory ({reason})") from None
-    names = table.column_names
-    for key, column in (("data.label_column", label_column), ("data.client_column", client_column)):
-        if column not in names:
-            raise ScenarioError(key, column, "one of the columns in the file: " + ", ".join(names))
-    if table.num_rows == 0:
-        raise ScenarioError("data.path", path, "a Parquet file or directory with at least one row")
-
-    if feature_columns is None:
-        columns = [c for c in names if c not in (label_column, client_column, SPLIT_COLUMN)]
-    else:
-        columns = list(feature_columns)
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise ScenarioError("data.feature_columns", columns,
-                                f"columns of the file ({', '.join(missing)} missing; "
-                                f"the file has {', '.join(names)})")
-    x = _features(table, columns, None if feature_columns is None else columns)
+    dataset, columns = _open(path, label_column, client_column, feature_columns)
+    table = _read(dataset, path)
+    x = _features(table, columns, None if feature_columns is None else columns, path)
     dim = x.shape[1]
     if image_shape is None:
         feature_shape = (dim,)
@@ -102,11 +107,7 @@ def load_parquet(path: str, label_column: str, client_column: str, feature_colum
             raise ScenarioError("data.image_shape", list(image_shape),
                                 f"positive sizes whose product is {dim}, the number of features")
 
-    labels = _array(table, label_column)
-    if labels.null_count or not pa.types.is_integer(labels.type) or pc.min(labels).as_py() < 0:
-        raise ScenarioError("data.label_column", label_column,
-                            "a column of non-negative integer labels without missing values")
-    y = labels.to_numpy(zero_copy_only=False).astype(np.int64)
+    y = _labels(table, label_column, path)
 
     ids = _array(table, client_column)
     if ids.null_count:
@@ -116,7 +117,7 @@ def load_parquet(path: str, label_column: str, client_column: str, feature_colum
     client = pc.index_in(ids, value_set=unique_ids).to_numpy(zero_copy_only=False).astype(np.int64)
     num_clients = len(unique_ids)
 
-    if SPLIT_COLUMN in names:
+    if SPLIT_COLUMN in table.column_names:
         split = _split_flags(_array(table, SPLIT_COLUMN), path)
         order = np.lexsort((split, client))  # stable: keeps file order inside each part
     else:
@@ -135,6 +136,58 @@ def load_parquet(path: str, label_column: str, client_column: str, feature_colum
                                                f"(client {unique_ids[int(no_train[0])].as_py()!r} has none)")
     return FederatedDataset.from_sorted(x[order], y[order], sizes_by_part[:, 0], sizes_by_part[:, 1],
                                         int(y.max()) + 1, feature_shape)
+
+
+def parquet_shape(path: str, label_column: str, client_column: str,
+                  feature_columns: list[str] | None) -> tuple[int, int, int, int]:
+    """(rows, features per row, classes, clients) of the data set :func:`load_parquet` would load,
+    read from the file's metadata, its label and client columns and one row: what the memory
+    estimate needs without reading the features. Bad paths, columns and labels raise as there."""
+    dataset, columns = _open(path, label_column, client_column, feature_columns)
+    table = _read(dataset, path, [label_column, client_column])
+    classes = int(_labels(table, label_column, path).max()) + 1
+    clients = pc.count_distinct(_array(table, client_column)).as_py()
+    types = [dataset.schema.field(c).type for c in columns]
+    if len(types) == 1 and _is_list(types[0]):
+        first = dataset.fragments[0].head(1, columns=columns).column(0)
+        return table.num_rows, max(1, pc.list_value_length(first)[0].as_py()), classes, clients
+    return table.num_rows, max(1, len(columns)), classes, clients
+
+
+def _open(path, label_column: str, client_column: str, feature_columns) -> tuple[pq.ParquetDataset, list[str]]:
+    """The data set at ``path`` with its label and client columns checked, and its feature columns."""
+    if path is None or not os.path.exists(path):
+        raise ScenarioError("data.path", path, "an existing Parquet file or directory")
+    try:
+        dataset = pq.ParquetDataset(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from None
+    names = dataset.schema.names
+    for key, column in (("data.label_column", label_column), ("data.client_column", client_column)):
+        if column not in names:
+            raise ScenarioError(key, column, "one of the columns in the file: " + ", ".join(names))
+    if feature_columns is None:
+        return dataset, [c for c in names if c not in (label_column, client_column, SPLIT_COLUMN)]
+    missing = [c for c in feature_columns if c not in names]
+    if missing:
+        raise ScenarioError("data.feature_columns", list(feature_columns),
+                            f"columns of the file ({', '.join(missing)} missing; the file has {', '.join(names)})")
+    return dataset, list(feature_columns)
+
+
+def _read(dataset: pq.ParquetDataset, path: str, columns: list[str] | None = None) -> pa.Table:
+    """The data set's ``columns`` (all: None); at least one row."""
+    try:
+        table = dataset.read(columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from None
+    if table.num_rows == 0:
+        raise ScenarioError("data.path", path, "a Parquet file or directory with at least one row")
+    return table
+
+
+def _unreadable(path: str, exc: Exception) -> ScenarioError:
+    return ScenarioError("data.path", path, f"a readable Parquet file or directory ({' '.join(str(exc).split())})")
 
 
 def _split_flags(arr: pa.Array, path: str) -> np.ndarray:

@@ -50,16 +50,24 @@ class RunState:
     done: bool  # the run has ended
     driver: dict  # the driver's own state: plain content, see SyncDriver/AsyncDriver.snapshot
 
+    def content(self) -> dict:
+        """The state as plain content (what :meth:`save` writes)."""
+        content = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**content, "server": {f.name: getattr(self.server, f.name) for f in fields(self.server)}}
+
+    @classmethod
+    def from_content(cls, content: dict) -> RunState:
+        """The state that :meth:`content` gave."""
+        return cls(**{**content, "server": ServerState(**content["server"])})
+
     def save(self, file) -> None:
         """Write the state to a path or a binary file object (``torch.save``)."""
-        content = {f.name: getattr(self, f.name) for f in fields(self)}
-        torch.save({**content, "server": {f.name: getattr(self.server, f.name) for f in fields(self.server)}}, file)
+        torch.save(self.content(), file)
 
     @classmethod
     def load(cls, file) -> RunState:
         """Read a state that :meth:`save` wrote (``torch.load(weights_only=True)``: plain content only)."""
-        content = torch.load(file, weights_only=True)
-        return cls(**{**content, "server": ServerState(**content["server"])})
+        return cls.from_content(torch.load(file, weights_only=True))
 
 
 def pack_updates(updates: ClientUpdates) -> dict:

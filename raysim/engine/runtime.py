@@ -40,6 +40,10 @@ class Runtime(Protocol):
     def gather(self, pending: list) -> list:
         """Wait for pending results; one list of task results per pending item."""
 
+    def lost_tasks(self) -> list:
+        """The ``(actor_index, task)`` pairs run again since the last call because the host
+        running them died (their results are the same); forgets them."""
+
     def describe(self) -> list:
         """One dict per host: actor index, device, node, GPU ids…"""
 
@@ -75,6 +79,10 @@ class LocalRuntime:
 
     def gather(self, pending: list) -> list:
         return pending
+
+    def lost_tasks(self) -> list:
+        """An in-process host never dies: nothing is ever run again."""
+        return []
 
     def describe(self) -> list:
         return [dict(self.host.info(), node="local", gpu_ids=[])]

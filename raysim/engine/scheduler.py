@@ -67,22 +67,24 @@ class Scheduler:
 
     # ------------------------------------------------------------------ driver API
 
-    def advance(self, budget_seconds: float) -> dict:
-        """Run server steps for about ``budget_seconds`` of wall time (at least one step).
+    def advance(self, budget_seconds: float, stop_version: int | None = None) -> dict:
+        """Run server steps for about ``budget_seconds`` of wall time (at least one step), and
+        never past server version ``stop_version`` (where the driver takes a checkpoint).
 
         Returns the rounds and events rows produced, whether the run is done, the
         error that ended it (if any), the latest evaluation, the number of applied
-        updates and the server version.
+        updates, the server version and the scheduler's wall seconds.
         """
         until = time.perf_counter() + budget_seconds
         error = None
         try:
-            while not self.done:
+            while not self.done and (stop_version is None or self.version < stop_version):
                 self.driver.step()
                 if time.perf_counter() >= until:
                     break
         except RunError as exc:  # reported with the rows made so far
             self.done, error = True, exc
+        self._log_lost_tasks()
         events = None
         if self._events:
             events = {k: np.concatenate([e[k] for e in self._events]) for k in self._events[0]}
@@ -90,7 +92,8 @@ class Scheduler:
             events["node"] = nodes[events["actor"]].astype(str)
             events.update(self.system.profile_of(events["client_id"]))
         out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
-               "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version}
+               "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version,
+               "wall": time.perf_counter() - self.began}
         self._rounds, self._events = [], []
         return out
 
@@ -106,9 +109,11 @@ class Scheduler:
                         version=self.version, counter=self.counter, applied=self.applied,
                         last_eval=dict(self.last_eval), done=self.done, driver=self.driver.snapshot())
 
-    def restore(self, state: RunState) -> None:
+    def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
-        (rows not yet returned by :meth:`advance` are dropped)."""
+        (rows not yet returned by :meth:`advance` are dropped); the ``wall_time`` of later rows
+        goes on from ``wall_seconds`` (the wall time the state was taken at)."""
+        self.began = time.perf_counter() - wall_seconds
         self.state, self.client_state = state.server, dict(state.client_state)
         self.clock, self.version, self.counter, self.applied = state.clock, state.version, state.counter, state.applied
         self.last_eval, self.done = dict(state.last_eval), state.done
@@ -229,6 +234,20 @@ class Scheduler:
             row.update(self.quadratic(self.algorithm.global_params(self.state),
                                       self.algorithm.client_models(self.state, self.client_state)))
         return row
+
+    def _log_lost_tasks(self) -> None:
+        """One ``retried`` event row per client of each task that was run again because the
+        actor running it died (its result, computed again, is the same)."""
+        for actor, task in self.runtime.lost_tasks():
+            ids = np.asarray(task.client_ids, dtype=np.int64)
+            n = len(ids)
+            self.log_events({
+                "round": np.asarray(task.versions, dtype=np.int64) + 1, "client_id": ids,
+                "actor": np.full(n, actor), "samples": self.train_sizes[ids], "train_loss": np.full(n, math.nan),
+                "compute_seconds": np.zeros(n), "virtual_start": np.full(n, math.nan),
+                "virtual_end": np.full(n, math.nan), "model_version": np.asarray(task.versions, dtype=np.int64),
+                "staleness": np.zeros(n, dtype=np.int64), "status": np.full(n, "retried"),
+            })
 
     def log_events(self, rows: dict) -> None:
         """Event rows (columns) for client tasks that ended (:meth:`advance` adds the clients'

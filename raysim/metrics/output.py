@@ -1,14 +1,42 @@
 """The run's output directory on any filesystem pyarrow understands: a local path, a shared
-filesystem path, or a URI such as ``s3://bucket/runs/x``, ``gs://…`` or ``file:///…``."""
+filesystem path, or a URI such as ``s3://bucket/runs/x``, ``gs://…`` or ``file:///…``.
+
+Every write is atomic: the file is written under a hidden temporary name (``.<name>.<random>.tmp``,
+which Parquet dataset readers skip), then renamed into place, so a reader sees the old file or the
+new one. An OSError while writing (disk full, permission denied) raises
+:class:`~raysim.errors.OutputError`, one line naming the file. A run claims the directory with the
+lock file ``.raysim.lock`` (:meth:`OutputDir.claim`), so two live runs never write into one directory.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
+import socket
+import uuid
+from datetime import datetime
+from typing import Callable
 
+import psutil
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-from raysim.errors import ScenarioError
+from raysim.errors import OutputError, ScenarioError
+from raysim.metrics.parquet_log import log_files
+
+RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", "checkpoint.pt", "rounds.parquet", "events.parquet")
+"""The files a run writes into its directory."""
+PLOTS: dict[str, str] = {  # what `raysim report` writes into a run's directory by default
+    "accuracy_vs_virtual_time.png": "test accuracy against virtual time, runs overlaid",
+    "accuracy_vs_wall_time.png": "test accuracy against wall-clock time, runs overlaid",
+    "staleness_histogram.png": "staleness of applied updates (model versions behind), per run",
+    "participation_per_client.png": "histogram of applied updates per client (zeros included), per run",
+    "timeline.png": "client tasks on the virtual clock, one lane per concurrent task, by status",
+}
+LOCK = ".raysim.lock"
+_LOCK_FIELDS = ("pid", "host", "process_started", "run_started")
 
 
 class OutputDir:
@@ -16,6 +44,7 @@ class OutputDir:
 
     def __init__(self, fs: pafs.FileSystem, root: str, create: bool = True):
         self.fs, self.root = fs, root.rstrip("/")
+        self._lock: dict | None = None  # the lock record this object wrote (claim)
         if create:
             self.fs.create_dir(self.root, recursive=True)
 
@@ -37,31 +66,179 @@ class OutputDir:
         """The full path of file ``name`` inside the directory."""
         return f"{self.root}/{name}"
 
+    def write_atomic(self, name: str, write: Callable[[str], None]) -> None:
+        """Write file ``name`` by calling ``write(temporary_path)``, then rename it into place;
+        on failure the temporary file is removed (an OSError raises OutputError)."""
+        path = self.path(name)
+        tmp = _temporary(path)
+        with _writing(path):
+            try:
+                write(tmp)
+                self.fs.move(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs.delete_file(tmp)
+                raise
+
     def write_bytes(self, name: str, data: bytes) -> None:
-        with self.fs.open_output_stream(self.path(name)) as stream:
-            stream.write(data)
+        """Write file ``name`` atomically."""
+        def write(tmp: str) -> None:
+            with self.fs.open_output_stream(tmp) as stream:
+                stream.write(data)
+
+        self.write_atomic(name, write)
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write text file ``name`` atomically."""
+        self.write_bytes(name, text.encode())
+
+    def save_torch(self, name: str, obj) -> None:
+        """``torch.save`` into the directory (atomically)."""
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        self.write_bytes(name, buffer.getvalue())
+
+    def make_dir(self, name: str) -> None:
+        """Create directory ``name`` (and its parents) if missing."""
+        with _writing(self.path(name)):
+            self.fs.create_dir(self.path(name), recursive=True)
+
+    def remove(self, name: str) -> None:
+        """Delete file or directory ``name`` (with its contents) if it exists."""
+        path = self.path(name)
+        with _writing(path):
+            kind = self.fs.get_file_info(path).type
+            if kind == pafs.FileType.Directory:
+                self.fs.delete_dir(path)
+            elif kind != pafs.FileType.NotFound:
+                self.fs.delete_file(path)
 
     def reader(self, name: str):
         """A readable binary file object for file ``name`` (FileNotFoundError if missing)."""
         return self.fs.open_input_file(self.path(name))
 
     def read_bytes(self, name: str) -> bytes:
+        """The content of file ``name`` (FileNotFoundError if missing)."""
         with self.reader(name) as stream:
             return stream.read()
 
     def read_table(self, name: str):
-        """A Parquet file of the directory as a pyarrow Table."""
-        import pyarrow.parquet as pq
+        """Table ``name`` as a pyarrow Table: a Parquet file, or a ParquetLog's directory of parts
+        (parts covered by a merged one skipped); FileNotFoundError if it has no rows written yet."""
+        files = log_files(self.fs, self.path(name))
+        if not files:
+            raise FileNotFoundError(f"{self.path(name)}: no Parquet file or log parts")
+        return pq.read_table(files, filesystem=self.fs)
 
-        return pq.read_table(self.path(name), filesystem=self.fs)
+    def clear_run_files(self) -> None:
+        """Remove what an earlier run left: :data:`RUN_FILES` (a log's file or parts directory),
+        the report's PNGs and temporary files of those names; any other file stays."""
+        names = RUN_FILES + tuple(PLOTS)
+        for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
+            base = info.base_name
+            if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):
+                self.remove(base)
 
-    def write_text(self, name: str, text: str) -> None:
-        self.write_bytes(name, text.encode())
+    def claim(self) -> "OutputDir":
+        """Take the directory for this run: write the lock file (pid, host, process and run start);
+        ``with out.claim(): …`` releases it at the end.
 
-    def save_torch(self, name: str, obj) -> None:
-        """``torch.save`` into the directory."""
-        import torch
+        A lock held by a live run raises ScenarioError. A lock whose process is gone (same host:
+        pid not running, or running with another start time) is stale and replaced. A lock from
+        another host cannot be checked and counts as live. On a local disk the lock is created
+        atomically; on other filesystems it is written if absent, then read back."""
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "process_started": psutil.Process().create_time(),
+                  "run_started": datetime.now().astimezone().isoformat(timespec="seconds")}
+        for _ in range(3):  # another run may take the lock between our look and our write
+            held = self._read_lock()
+            if held and held != self._lock and _running(held):
+                raise ScenarioError("output.dir", self.root, _held_text(held, self.path(LOCK)))
+            if held is not None:
+                self.remove(LOCK)
+            if self._create_lock(record):
+                self._lock = record
+                return self
+        raise OutputError(self.path(LOCK), "other runs keep taking the lock")
 
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        self.write_bytes(name, buffer.getvalue())
+    def release(self) -> None:
+        """Remove the lock file if it is still the one :meth:`claim` wrote."""
+        if self._lock is not None and self._read_lock() == self._lock:
+            self.remove(LOCK)
+        self._lock = None
+
+    def __enter__(self) -> "OutputDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _read_lock(self) -> dict | None:
+        """The lock's record: None without a lock, {} for an unreadable or incomplete one (stale)."""
+        try:
+            record = json.loads(self.read_bytes(LOCK))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}
+        return record if isinstance(record, dict) and all(k in record for k in _LOCK_FIELDS) else {}
+
+    def _create_lock(self, record: dict) -> bool:
+        """Write the lock file unless one exists; whether it now holds ``record``."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            self.write_text(LOCK, json.dumps(record))
+            return self._read_lock() == record
+        path = self.path(LOCK)
+        tmp = _temporary(path)
+        with _writing(path):
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            try:
+                os.link(tmp, path)  # fails if the lock exists: never a partial lock file
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        return True
+
+
+def _temporary(path: str) -> str:
+    """A hidden temporary name beside ``path`` (dataset readers skip names starting with '.')."""
+    folder, base = path.rsplit("/", 1)
+    return f"{folder}/.{base}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+@contextlib.contextmanager
+def _writing(path: str):
+    """Turn an OSError into a one-line OutputError naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc).strip().split("\n")[0] or type(exc).__name__
+        raise OutputError(path, reason) from None
+
+
+def _running(lock: dict) -> bool:
+    """Whether the run that wrote ``lock`` may still be going: on this host, its process (same
+    pid and start time) is alive; on another host it cannot be checked, so it may."""
+    try:
+        if lock["host"] != socket.gethostname():
+            return True
+        process = psutil.Process(lock["pid"])
+        return (process.status() != psutil.STATUS_ZOMBIE
+                and abs(process.create_time() - lock["process_started"]) < 1.0)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def _held_text(lock: dict, lock_path: str) -> str:
+    """What output.dir must be, given the live run holding it."""
+    text = (f"a directory no other live run is writing to (pid {lock['pid']} on {lock['host']} "
+            f"has held it since {lock['run_started']}")
+    if lock["host"] != socket.gethostname():
+        text += f"; if that run is gone, delete {lock_path}"
+    return text + ")"

@@ -18,24 +18,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from raysim.errors import ScenarioError
-
-PLOTS: dict[str, str] = {
-    "accuracy_vs_virtual_time.png": "test accuracy against virtual time, runs overlaid",
-    "accuracy_vs_wall_time.png": "test accuracy against wall-clock time, runs overlaid",
-    "staleness_histogram.png": "staleness of applied updates (model versions behind), per run",
-    "participation_per_client.png": "histogram of applied updates per client (zeros included), per run",
-    "timeline.png": "client tasks on the virtual clock, one lane per concurrent task, by status",
-}
+from raysim.metrics.output import PLOTS
+from raysim.metrics.parquet_log import log_files
 
 MAX_TIMELINE_TASKS = 300
 STATUS_COLORS = {"applied": "tab:green", "late": "tab:orange", "stale": "tab:purple",
-                 "dropped": "tab:gray", "failed": "tab:red"}
+                 "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown"}
 _ROUND_COLUMNS = ("virtual_time", "wall_time", "test_accuracy")
 _EVENT_COLUMNS = ("client_id", "staleness", "status", "virtual_start", "virtual_end")
 _FIGSIZE, _DPI = (8.0, 5.0), 100
@@ -60,7 +55,7 @@ def write_report(run_dirs: list[str], out_dir: str | None = None) -> list[str]:
     if not run_dirs:
         raise ScenarioError("report", run_dirs, "at least one run directory")
     for path in run_dirs:
-        if not os.path.isfile(os.path.join(path, "rounds.parquet")):
+        if not os.path.exists(os.path.join(path, "rounds.parquet")):
             raise ScenarioError("report", path, "a run directory with rounds.parquet and summary.json")
     labels = run_labels([_summary_name(d) for d in run_dirs], run_dirs)
     runs = [_Run(label, _read_columns(os.path.join(d, "rounds.parquet"), _ROUND_COLUMNS),
@@ -81,8 +76,8 @@ def write_report(run_dirs: list[str], out_dir: str | None = None) -> list[str]:
         "timeline.png": lambda: _timeline_figure(runs),
     }
     written = []
-    for name, build in builders.items():
-        fig = build()
+    for name in PLOTS:  # every plot a run's directory may hold (clear_run_files removes them)
+        fig = builders[name]()
         if fig is None:
             continue
         path = os.path.join(out_dir, name)
@@ -136,12 +131,13 @@ def _summary_name(run_dir: str) -> str | None:
 
 
 def _read_columns(path: str, wanted: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The ``wanted`` columns present in the Parquet file (none if it does not exist) as arrays;
-    nulls become NaN (numbers) or None (strings)."""
-    if not os.path.isfile(path):
+    """The ``wanted`` columns present in the Parquet file or log directory (none if it does not
+    exist) as arrays; nulls become NaN (numbers) or None (strings)."""
+    files = log_files(pafs.LocalFileSystem(), os.path.abspath(path))
+    if not files:
         return {}
-    present = [c for c in wanted if c in pq.read_schema(path).names]
-    table = pq.read_table(path, columns=present)
+    present = [c for c in wanted if c in pq.read_schema(files[0]).names]
+    table = pq.read_table(files, columns=present)
     out = {}
     for name in present:
         column = table.column(name)

@@ -65,12 +65,13 @@ def load_compute_trace(path: str, num_clients: int) -> np.ndarray:
     allowed = "a file with columns client_id, speed"
     ids, speed = _numeric_columns(read_table(COMPUTE_KEY, path), COMPUTE_KEY, path, ["client_id", "speed"])
     ids = _client_ids(ids, num_clients, COMPUTE_KEY, path, allowed)
-    counts = np.bincount(ids, minlength=num_clients)
+    present, counts = np.unique(ids, return_counts=True)  # sized by the file, not by num_clients
     if (counts > 1).any():
-        client = int(np.argmax(counts > 1))
-        raise ScenarioError(COMPUTE_KEY, path, f"{allowed} (client {client} appears {counts[client]} times)")
-    if (counts == 0).any():
-        client = int(np.argmax(counts == 0))
+        i = int(np.argmax(counts > 1))
+        raise ScenarioError(COMPUTE_KEY, path, f"{allowed} (client {present[i]} appears {counts[i]} times)")
+    if len(present) < num_clients:
+        gaps = np.flatnonzero(present != np.arange(len(present)))  # sorted ids: the first gap is missing
+        client = int(gaps[0]) if len(gaps) else len(present)
         raise ScenarioError(COMPUTE_KEY, path, f"{allowed} and a row for every client 0..{num_clients - 1} "
                                                f"(client {client} is missing)")
     bad = ~(np.isfinite(speed) & (speed > 0))

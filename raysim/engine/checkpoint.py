@@ -1,0 +1,56 @@
+"""Checkpoints: a run's state, saved into its output directory with what its logs held then.
+
+A :class:`Checkpoint` is taken between two server steps. Besides the
+:class:`~raysim.engine.run_state.RunState` it records how many rows each Parquet log had (rows
+written after it are dropped on resume and produced again, identically), the running totals the
+summary needs, and the wall time of the run so far (wall-clock columns go on from it).
+``checkpoint.pt`` is written whole under a temporary name, then renamed: a reader sees the previous
+checkpoint or the new one, never a part.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import torch
+
+from raysim.engine.run_state import RunState
+
+CHECKPOINT = "checkpoint.pt"
+FORMAT = 1
+
+
+@dataclass
+class Checkpoint:
+    """A run between two server steps, with the row counts of its logs (see the module docstring)."""
+
+    state: RunState
+    log_rows: dict  # log file name -> rows it held
+    tally: dict  # running totals for the summary (plain content, see raysim.engine.run.Tally)
+    wall_seconds: float  # wall time of the scheduler when the state was taken
+
+    @property
+    def version(self) -> int:
+        """The server steps taken when the checkpoint was taken."""
+        return self.state.version
+
+    def save(self, out) -> int:
+        """Write ``checkpoint.pt`` into ``out`` (an OutputDir), replacing the previous one atomically;
+        returns its size in bytes."""
+        buffer = io.BytesIO()
+        torch.save({"format": FORMAT, "state": self.state.content(), "log_rows": self.log_rows,
+                    "tally": self.tally, "wall_seconds": self.wall_seconds}, buffer)
+        out.write_bytes(CHECKPOINT, buffer.getvalue())
+        return buffer.tell()
+
+    @classmethod
+    def load(cls, out) -> Checkpoint:
+        """Read ``checkpoint.pt`` of ``out`` (FileNotFoundError if there is none)."""
+        with out.reader(CHECKPOINT) as stream:
+            content = torch.load(io.BytesIO(stream.read()), weights_only=True)
+        if content.get("format") != FORMAT:
+            raise ValueError(f"{out.path(CHECKPOINT)} has checkpoint format {content.get('format')!r}, "
+                             f"this raysim reads format {FORMAT}")
+        return cls(RunState.from_content(content["state"]), content["log_rows"], content["tally"],
+                   content["wall_seconds"])

@@ -1,0 +1,54 @@
+"""Resuming a stopped run: its scenario and checkpoint, read back from its output directory.
+
+A run stopped by Ctrl-C, SIGTERM, a crash of the driver or a failure (lost actors, a full disk)
+goes on from its last checkpoint with ``raysim resume OUTPUT_DIR``. Only keys that cannot change
+results may be overridden: where the run executes (``runtime.*``) and how often it writes
+(``output.flush_seconds``, ``output.checkpoint_every``, ``output.checkpoint_seconds``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from omegaconf import OmegaConf
+
+from raysim.errors import ScenarioError
+from raysim.metrics import OutputDir
+
+RESUMABLE_KEYS = ("runtime.", "output.flush_seconds", "output.checkpoint_every", "output.checkpoint_seconds")
+
+
+def load_resume(run_dir: str, overrides: list) -> tuple:
+    """The scenario of the run in ``run_dir`` (with ``overrides``) and its checkpoint; a
+    ScenarioError names what is wrong (no such run, completed, no checkpoint, a key that would
+    change results)."""
+    from raysim.config import load_scenario
+    from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
+
+    for item in overrides:
+        name, _, value = item.partition("=")
+        if not name.startswith(RESUMABLE_KEYS):
+            raise ScenarioError(name, value, "a key that cannot change results when resuming "
+                                "(runtime.*, output.flush_seconds, output.checkpoint_*); "
+                                "start a new run to change others")
+    out = OutputDir.open(run_dir, create=False)
+    try:
+        scenario = OmegaConf.create(out.read_bytes("scenario.yaml").decode())
+    except FileNotFoundError:
+        raise ScenarioError("run_dir", run_dir, "the output directory of a run (it has no scenario.yaml)") from None
+    try:
+        status = json.loads(out.read_bytes("summary.json")).get("status")
+    except FileNotFoundError:
+        status = None  # the driver was killed: it never wrote a summary
+    if status == "completed":
+        raise ScenarioError("run_dir", run_dir, "a run that has not completed (this one has: nothing to resume)")
+    cfg = load_scenario(scenario, overrides)
+    cfg.output.dir = run_dir  # the run goes on where it is, wherever it was started from
+    try:
+        checkpoint = Checkpoint.load(out)
+    except FileNotFoundError:
+        raise ScenarioError("run_dir", run_dir, f"a run with a {CHECKPOINT} to go on from (this one stopped "
+                            "before its first checkpoint; see output.checkpoint_every and output.checkpoint_seconds)") from None
+    except Exception as exc:  # a damaged or foreign file
+        raise ScenarioError("run_dir", run_dir, f"a readable {CHECKPOINT}: {str(exc).splitlines()[0]}") from None
+    return cfg, checkpoint

@@ -1,0 +1,282 @@
+"""The driver side of one run: the scheduler on a runtime, its rows streamed to the Parquet logs,
+checkpoints, recovery from a lost scheduler, and a summary however the run ends.
+
+A run is always between two server steps when anything leaves the driver: Ctrl-C and SIGTERM are
+held back while the scheduler advances and the rows it returned are written
+(:func:`raysim.engine.interrupts.deferred_signals`), so the checkpoint taken on an interruption holds a
+state the run can go on from. Both logs are flushed together and a checkpoint records how many
+rows each held, so after any stop the files cover the same server steps (a resume drops rows
+written after the checkpoint and produces them again, identically).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from omegaconf import OmegaConf
+
+from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
+from raysim.errors import OutputError, RunError, SchedulerLost
+from raysim.engine.interrupts import deferred_signals
+from raysim.metrics import ParquetLog
+
+ROUNDS_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
+    ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
+    ("personalized_accuracy", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
+    ("updates_per_second", pa.float64()), ("late", pa.int64()), ("dropped", pa.int64()),
+    ("failed", pa.int64()), ("stale", pa.int64()),
+    ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
+])
+EVENTS_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
+    ("train_loss", pa.float64()), ("compute_seconds", pa.float64()), ("virtual_start", pa.float64()),
+    ("virtual_end", pa.float64()), ("model_version", pa.int64()), ("staleness", pa.int64()),
+    ("status", pa.string()), ("node", pa.string()),
+])
+LOGS = {"rounds.parquet": ROUNDS_SCHEMA, "events.parquet": EVENTS_SCHEMA}
+ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
+SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
+
+
+@dataclass
+class Tally:
+    """Running totals for the summary: task statuses, rounds logged, and the updates applied and
+    wall time after the first round (the steady rate, warm-up excluded)."""
+
+    statuses: dict = field(default_factory=dict)
+    rounds: int = 0
+    first_wall: float = math.nan
+    last_wall: float = math.nan
+    steady_updates: int = 0
+
+    def add(self, report: dict) -> None:
+        """Count a scheduler report's events and rounds."""
+        events = report["events"]
+        if events is not None:
+            for status, count in zip(*np.unique(events["status"], return_counts=True)):
+                self.statuses[str(status)] = self.statuses.get(str(status), 0) + int(count)
+        for row in report["rounds"]:
+            if self.rounds == 0:
+                self.first_wall = row["wall_time"]
+            else:
+                self.steady_updates += row["clients"]
+            self.last_wall = row["wall_time"]
+            self.rounds += 1
+
+    def steady_rate(self) -> float | None:
+        """Applied updates per wall second after the first server step."""
+        seconds = self.last_wall - self.first_wall
+        return self.steady_updates / seconds if self.rounds >= 2 and seconds > 0 else None
+
+
+class Run:
+    """Runs a prepared scenario on a runtime (see :func:`raysim.engine.simulation.run_scenario`)."""
+
+    def __init__(self, cfg, prepared, runtime, began: float, checkpoint: Checkpoint | None = None):
+        self.cfg, self.prepared, self.runtime = cfg, prepared, runtime
+        self.out = prepared.output
+        self.scenario = OmegaConf.to_container(cfg, resolve=True)
+        self.checkpoint = checkpoint  # the latest: resumed from, or restarted from if the scheduler is lost
+        self.began = began - (checkpoint.wall_seconds if checkpoint is not None else 0.0)
+        self.scheduler = None
+        self.logs: dict = {}
+        self.tally = Tally()
+        state = None if checkpoint is None else checkpoint.state
+        self.report = {"version": 0, "applied": 0, "last_eval": {}, "done": False} if state is None else \
+            {"version": state.version, "applied": state.applied, "last_eval": dict(state.last_eval), "done": False}
+        self.flushed_at, self.flush_cost = time.monotonic(), 0.0
+        self.checkpoints = {"count": 0, "seconds": 0.0, "bytes": 0}
+        self.checkpointed_at, self.checkpoint_cost = time.monotonic(), 0.0
+        self.restarts = 0
+
+    def execute(self, progress=None) -> dict:
+        """Run to the end; returns the summary (also saved as summary.json). Errors of the run are
+        raised after the rows so far, a ``failed`` summary (and on an interruption a checkpoint
+        and an ``interrupted`` summary) are written."""
+        try:
+            self._start()
+            while not self.report["done"]:
+                with deferred_signals():
+                    self._step(progress)
+            final = self.scheduler.finish()
+        except KeyboardInterrupt as exc:
+            self._stop("interrupted", exc)
+            raise
+        except Exception as exc:
+            self._stop("failed", exc)
+            raise
+        return self._complete(final)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _start(self) -> None:
+        self.prepared.dataset = self.runtime.load(self.scenario, self.prepared.dataset)
+        self._restore(self.checkpoint)
+        if self.checkpoint is None:  # what a lost scheduler restarts from before the first checkpoint
+            self.checkpoint = self._take_checkpoint()
+
+    def _restore(self, checkpoint: Checkpoint | None) -> None:
+        """A scheduler (restored from ``checkpoint``) and logs holding the rows it had."""
+        for log in self.logs.values():
+            log.discard()
+        self.logs = {name: ParquetLog(self.out, name, schema, None if checkpoint is None else checkpoint.log_rows[name])
+                     for name, schema in LOGS.items()}
+        self.tally = Tally() if checkpoint is None else Tally(**checkpoint.tally)
+        self.scheduler = self.runtime.scheduler(self.scenario, self.prepared.dataset)
+        if checkpoint is not None:
+            self.scheduler.restore(checkpoint.state, checkpoint.wall_seconds)
+            self.report = dict(self.report, version=checkpoint.version, done=False)
+
+    def _step(self, progress) -> None:
+        every = self.cfg.output.checkpoint_every
+        stop = (self.report["version"] // every + 1) * every if every else None
+        try:
+            report = self.scheduler.advance(ADVANCE_SECONDS, stop)
+        except SchedulerLost as exc:
+            self._recover(exc)
+            return
+        self.report = report
+        self._record(report)
+        if progress is not None:
+            progress(report)
+        if report["error"]:
+            raise report["error"]
+        if self._checkpoint_due(report):
+            self._save_checkpoint()
+        elif time.monotonic() - self.flushed_at >= max(self.cfg.output.flush_seconds, 10 * self.flush_cost):
+            self._flush()
+
+    def _checkpoint_due(self, report: dict) -> bool:
+        """Every ``output.checkpoint_every`` server steps; with 0, every ``output.checkpoint_seconds``
+        of wall time, and never more than a twentieth of it (a checkpoint of a run with a thousand
+        tasks in flight holds a thousand payloads)."""
+        out = self.cfg.output
+        if report["done"] or report["version"] <= self.checkpoint.version:
+            return False
+        if out.checkpoint_every:
+            return report["version"] % out.checkpoint_every == 0
+        since = time.monotonic() - self.checkpointed_at
+        return out.checkpoint_seconds > 0 and since >= max(out.checkpoint_seconds, 20 * self.checkpoint_cost)
+
+    def _record(self, report: dict) -> None:
+        if report["events"] is not None:
+            self.logs["events.parquet"].append(report["events"])
+        if report["rounds"]:
+            self.logs["rounds.parquet"].append({k: [r[k] for r in report["rounds"]] for k in report["rounds"][0]})
+        self.tally.add(report)
+
+    def _flush(self) -> None:
+        """Flush both logs; if one cannot be written, the other drops what this flush added, so
+        that both files keep covering the same server steps."""
+        before = {name: log.written for name, log in self.logs.items()}
+        began = time.monotonic()
+        try:
+            for log in self.logs.values():
+                log.flush()
+        except OutputError:
+            for name, log in self.logs.items():
+                try:
+                    log.truncate(before[name])
+                except OutputError:
+                    pass
+            raise
+        self.flushed_at = time.monotonic()
+        self.flush_cost = self.flushed_at - began
+
+    def _take_checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.scheduler.run_state(), {name: log.rows for name, log in self.logs.items()},
+                          asdict(self.tally), self.report.get("wall", 0.0))
+
+    def _save_checkpoint(self) -> None:
+        """Flush the logs, then write the run state with their row counts (``checkpoint.pt``)."""
+        began = time.perf_counter()
+        self._flush()
+        checkpoint = self._take_checkpoint()
+        self.checkpoints["bytes"] = checkpoint.save(self.out)
+        self.checkpoint = checkpoint
+        self.checkpoint_cost = time.perf_counter() - began
+        self.checkpointed_at = time.monotonic()
+        self.checkpoints["count"] += 1
+        self.checkpoints["seconds"] += self.checkpoint_cost
+
+    def _recover(self, exc: SchedulerLost) -> None:
+        """Start a new scheduler from the latest checkpoint after the SchedulerActor was lost."""
+        self.restarts += 1
+        if self.restarts > SCHEDULER_RESTARTS:
+            raise RunError(f"{exc}; gave up after {SCHEDULER_RESTARTS} restarts") from None
+        print(f"warning: {exc}; restarting it from server step {self.checkpoint.version} "
+              f"(restart {self.restarts} of at most {SCHEDULER_RESTARTS})", file=sys.stderr)
+        self._restore(self.checkpoint)
+
+    # ------------------------------------------------------------------ the end
+
+    def _stop(self, status: str, exc: BaseException) -> None:
+        """After an error or an interruption: write the rows so far (and, interrupted between two
+        steps, a checkpoint), then a summary saying how the run ended. Failures here are reported
+        on stderr and never hide the error that ended the run."""
+        try:
+            if status == "interrupted" and self.scheduler is not None and self.logs:
+                self._save_checkpoint()
+            else:
+                self._close_logs()
+        except (OutputError, RunError) as write_error:
+            print(f"error: {write_error}", file=sys.stderr)
+        error = "interrupted" if status == "interrupted" else (str(exc).splitlines() or [type(exc).__name__])[0]
+        try:
+            self._write_summary(self._summary(status, error))
+        except OutputError as write_error:
+            print(f"error: {write_error}", file=sys.stderr)
+
+    def _close_logs(self) -> None:
+        for log in self.logs.values():
+            log.close()
+
+    def _complete(self, final: dict) -> dict:
+        self._close_logs()
+        self.prepared.final_params = final["params"]
+        if self.cfg.output.save_model:
+            self.out.save_torch("model.pt", self.prepared.model.state_dict(final["params"]))
+        summary = self._summary("completed", None, final)
+        self._write_summary(summary)
+        self.out.remove(CHECKPOINT)  # a completed run has nothing to resume
+        return summary
+
+    def _summary(self, status: str, error: str | None, final: dict | None = None) -> dict:
+        from raysim.models.split import describe_split
+
+        cfg, model, last = self.cfg, self.prepared.model, self.report["last_eval"]
+        final = final or {}
+        return {
+            "name": cfg.name, "seed": cfg.seed, "status": status, "error": error,
+            "backend": cfg.runtime.backend, "mode": cfg.execution.mode,
+            "num_actors": self.runtime.num_actors, "rounds": self.tally.rounds,
+            "server_steps": final.get("server_steps", self.report["version"]),
+            "client_updates": final.get("client_updates", self.report["applied"]), "tasks": self.tally.statuses,
+            "final_test_accuracy": _null(last.get("test_accuracy")), "final_test_loss": _null(last.get("test_loss")),
+            "final_personalized_accuracy": _null(last.get("personalized_accuracy")),
+            "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
+            "wall_seconds": time.perf_counter() - self.began,
+            "steady_updates_per_second": self.tally.steady_rate(),
+            "checkpoints": dict(self.checkpoints), "scheduler_restarts": self.restarts,
+            "system": final.get("system"), "actors": self.runtime.describe() if final else [],
+            "split": describe_split(model.module, model.personal),
+            "model": {"kind": cfg.model.kind, "parameters": model.size,
+                      "feature_shape": list(self.prepared.dataset.feature_shape),
+                      "num_classes": self.prepared.dataset.num_classes},
+        }
+
+    def _write_summary(self, summary: dict) -> None:
+        import json
+
+        self.out.write_text("summary.json", json.dumps(summary, indent=2, default=float) + "\n")
+
+
+def _null(x):
+    """NaN → None, so JSON shows a missing value rather than a number."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)

@@ -1,0 +1,257 @@
+"""Memory estimate of a scenario, from its keys alone: the bytes of its data set, model, kept client
+state and client training, so that a scenario that cannot fit fails with one line before anything
+big is allocated. Torch-free: it runs before the data set is generated and before torch loads.
+
+The estimate aims at the peak within a factor of about 2. Its parts:
+
+- data set: the federated table (or the quadratic problem's statistics), times what building it
+  holds at once (:data:`BUILD_FACTOR`), plus the copy in Ray's object store;
+- model: the parameters (counted from the model keys and the data's shape, without building the
+  module) in every client host, and the server's float64 vectors (parameters, aggregate, optimizer);
+- client state: per client bookkeeping, and the vector a stateful algorithm keeps per visited client;
+- training: the clients in flight (a round's clients, or the async concurrency), each with a few
+  parameter-sized vectors and the activations of one minibatch.
+
+On a cluster (``runtime.address`` set) only the driver's parts (data set, model) are checked
+against this machine; client state and training live on the cluster's nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from raysim.errors import ScenarioError
+
+ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
+BUILD_FACTOR = {"gaussian_mixture": 1.0, "digits": 1.0, "leaf_synthetic": 2.5, "blobs": 4.0,  # float64 draws
+                "parquet": 7.0, "quadratic": 2.0}  # parquet: the file read whole, its features, their sorted copy
+SERVER_VECTORS = 6  # float64: parameters, aggregate, direction, step, two optimizer moments
+CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update, kept state, extras, copies
+ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
+CLIENT_BOOKKEEPING = 128  # bytes per registered client: sizes, offsets, system profile
+KEPT_ENTRY = 512  # bytes per kept client state besides its tensors (dict, tensor objects)
+KEPT_VECTORS = {"scaffold": 1, "feddyn": 1, "l2gd": 1}  # parameter-sized vectors kept per client
+PERSONAL_KEEPERS = ("ffgg", "local_ffgg")  # keep w (at most the parameters) with model.personal_state: stateful
+
+
+@dataclass(frozen=True)
+class Part:
+    """Bytes of one part of the estimate and the keys it grows with, as (key, value) pairs."""
+
+    what: str
+    bytes: float
+    keys: tuple
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The estimate of a scenario: its parts (see the module doc)."""
+
+    parts: tuple
+
+    @property
+    def total(self) -> float:
+        return sum(p.bytes for p in self.parts)
+
+    def describe(self) -> str:
+        """e.g. 'about 2.4 TB (data set 2.4 TB, model 97.2 MB)'."""
+        shown = ", ".join(f"{p.what} {human(p.bytes)}" for p in self.parts if p.bytes)
+        return f"about {human(self.total)} ({shown})"
+
+
+def human(n: float) -> str:
+    """Bytes in decimal units, three significant digits: '21.3 GB'."""
+    units = ["B", "kB", "MB", "GB", "TB", "PB"]
+    while n >= 999.5 and len(units) > 1:
+        n, units = n / 1000, units[1:]
+    return f"{n:.3g} {units[0]}"
+
+
+def estimate(cfg) -> Footprint:
+    """The memory estimate of a validated scenario ``cfg`` (see the module doc). A custom data or
+    model kind (package.module:function) adds nothing for what it builds; a Parquet data set is
+    sized from its metadata and its label and client columns (bad labels raise ScenarioError)."""
+    d, m = cfg.data, cfg.model
+    rows, features, classes, clients, data_keys = _data_shape(d)
+    params, widths = parameter_count(m, features, classes)
+    model_keys = _model_keys(cfg)
+    itemsize = 8 if m.kind == "quadratic" else 4
+    ray = cfg.runtime.backend == "ray"
+    actors = _actors(cfg.runtime)
+
+    data = rows * (ROW_BYTES + 4 * math.prod(features)) if d.kind != "quadratic" else _quadratic_bytes(d)
+    data *= BUILD_FACTOR.get(d.kind, 1.0) + ray  # ray: the object store's copy
+    model = params * (itemsize * (actors + 1) + 8 * SERVER_VECTORS)
+    kept = _kept_vectors(cfg)
+    visits = min(clients, _visits(cfg))
+    state = clients * CLIENT_BOOKKEEPING + (visits * (KEPT_ENTRY + kept * params * itemsize) if kept else 0)
+    batch = 0 if d.kind == "quadratic" else cfg.algorithm.get("batch_size") or rows / clients  # none: full batch
+    per_client = (CLIENT_VECTORS * params * itemsize
+                  + ACTIVATION_PASSES * 4 * batch * (math.prod(features) + sum(widths))
+                  + (_quadratic_bytes(d) / d.num_clients if d.kind == "quadratic" else 0))
+    in_flight, flight_keys = _in_flight(cfg, actors)
+    parts = [Part("data set", data, data_keys), Part("model", model, model_keys)]
+    if not cfg.runtime.address:
+        batch_keys = (("algorithm.batch_size", batch),) if batch else ()
+        parts += [Part("client state", state, data_keys[:1] + model_keys),
+                  Part("training", min(in_flight, clients) * per_client, flight_keys + batch_keys + model_keys)]
+    return Footprint(tuple(parts))
+
+
+def check_fits(cfg, available: float | None = None) -> Footprint:
+    """The estimate of ``cfg``; ScenarioError naming the key that dominates it if it exceeds
+    ``available`` bytes (default: this machine's available memory)."""
+    import psutil
+
+    footprint = estimate(cfg)
+    available = psutil.virtual_memory().available if available is None else available
+    if footprint.total > available:
+        key, value = _blame(cfg, max(footprint.parts, key=lambda p: p.bytes))
+        raise ScenarioError(key, value, f"a scenario that fits in memory: it needs {footprint.describe()}, "
+                                        f"this machine has {human(available)} available")
+    return footprint
+
+
+def summary(cfg) -> str:
+    """A short line for ``raysim validate``: 'memory: about 25 MB (data set 7.4 MB, …) of 21.3 GB available'."""
+    import psutil
+
+    return f"memory: {estimate(cfg).describe()} of {human(psutil.virtual_memory().available)} available"
+
+
+def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list]:
+    """(parameters, widths of the hidden layers) of the model :func:`raysim.models.build_model`
+    builds for data of shape ``features`` with ``classes`` classes, counted without building it
+    (LoRA adapters counted on every Linear layer but the output layer; a custom kind: (0, []))."""
+    kind, flat = model_cfg.kind, math.prod(features)
+    if kind == "quadratic":
+        return sum(features), []
+    convolutions, widths, linear = 0, [], [flat, classes]
+    if kind == "mlp":
+        widths = list(model_cfg.hidden)
+        linear = [flat, *widths, classes]
+    elif kind == "cnn" and len(features) == 3:
+        channels, height, width = features
+        for out in model_cfg.channels:
+            convolutions += channels * out * 9 + out  # 3x3 kernels and a bias
+            widths.append(out * height * width)
+            if min(height, width) >= 2:
+                height, width = height // 2, width // 2  # max-pooling
+            channels = out
+        linear = [channels * height * width, classes]
+    elif kind != "logreg":
+        return 0, []
+    layers = list(zip(linear, linear[1:]))
+    count = convolutions + sum(i * o + o for i, o in layers)
+    if model_cfg.personal == "adapter":
+        count += sum(model_cfg.adapter_rank * (i + o) for i, o in layers[:-1])
+    return count, widths
+
+
+def _data_shape(d) -> tuple:
+    """(rows, feature shape, classes, clients, keys it grows with) of the data keys ``d``."""
+    from raysim.data.generators import DIGITS_ROWS, DIGITS_SHAPE, LEAF_MEAN_ROWS, gaussian_mixture_rows
+
+    clients = (("data.num_clients", d.num_clients),)
+    if d.kind == "gaussian_mixture":
+        return gaussian_mixture_rows(d.num_clients), (60,), 10, d.num_clients, clients
+    if d.kind == "leaf_synthetic":
+        return d.num_clients * LEAF_MEAN_ROWS, (60,), 10, d.num_clients, clients
+    if d.kind == "digits":
+        return DIGITS_ROWS, DIGITS_SHAPE, 10, d.num_clients, clients
+    if d.kind == "blobs":
+        return (d.num_samples, (d.num_features,), d.num_classes, d.num_clients,
+                (("data.num_samples", d.num_samples), ("data.num_features", d.num_features)) + clients)
+    if d.kind == "quadratic":
+        return (d.num_clients, (d.d_theta, d.d_w), 0, d.num_clients,
+                clients + (("data.d_theta", d.d_theta), ("data.d_w", d.d_w), ("data.n", d.n)))
+    if d.kind == "parquet":
+        from raysim.data.parquet import parquet_shape
+
+        feature_columns = None if d.feature_columns is None else list(d.feature_columns)
+        rows, width, classes, num_clients = parquet_shape(d.path, d.label_column, d.client_column, feature_columns)
+        shape = (width,) if d.image_shape is None else tuple(d.image_shape)
+        return rows, shape, classes, num_clients, (("data.path", d.path),)
+    return 0, (0,), 0, d.num_clients, clients  # a custom kind
+
+
+def _quadratic_bytes(d) -> float:
+    """The quadratic problem's float64 statistics P, q, C, D, e, c of every client, plus one client's
+    draws (H, A, B) while they are reduced."""
+    t, w = d.d_theta, d.d_w
+    return 8 * (d.num_clients * (t * t + t * w + w * w + t + w + 1) + d.n * (2 * t + w))
+
+
+def _model_keys(cfg) -> tuple:
+    m, d = cfg.model, cfg.data
+    keys = {"mlp": (("model.hidden", list(m.hidden)),), "cnn": (("model.channels", list(m.channels)),)}.get(m.kind, ())
+    if d.kind == "blobs":
+        keys += (("data.num_features", d.num_features), ("data.num_classes", d.num_classes))
+    elif d.kind == "quadratic":
+        keys += (("data.d_theta", d.d_theta), ("data.d_w", d.d_w))
+    elif d.kind == "parquet":
+        keys += (("data.path", d.path),)
+    return keys
+
+
+def _actors(r) -> int:
+    """Client hosts: runtime.num_actors, or for 'auto' the CPUs an embedded Ray declares per actor."""
+    if r.backend == "local":
+        return 1
+    if r.num_actors != "auto":
+        return r.num_actors
+    return max(1, int((r.num_cpus or os.cpu_count() or 1) // r.cpus_per_actor))
+
+
+def _in_flight(cfg, actors: int) -> tuple:
+    """(clients training at once, the keys that set it)."""
+    e, r = cfg.execution, cfg.runtime
+    if e.mode == "sync":
+        count, keys = math.ceil(e.clients_per_round * e.over_selection), (("execution.clients_per_round",
+                                                                          e.clients_per_round),)
+    else:
+        count, keys = e.concurrency, (("execution.concurrency", e.concurrency),)
+    if r.clients_per_task != "auto":
+        count = min(count, actors * r.clients_per_task)
+    return count, keys
+
+
+def _visits(cfg) -> float:
+    """An upper bound on the clients a run visits (those that may keep state)."""
+    e = cfg.execution
+    if e.mode == "sync":
+        return e.rounds * math.ceil(e.clients_per_round * e.over_selection)
+    return math.inf if e.max_updates is None else e.max_updates + e.concurrency
+
+
+def _kept_vectors(cfg) -> int:
+    """Parameter-sized vectors the algorithm keeps per visited client."""
+    name = cfg.algorithm.name
+    if name in PERSONAL_KEEPERS:
+        return int(cfg.model.personal_state == "stateful")
+    if ":" in name:
+        from raysim.catalog import algorithm_class
+
+        return int(bool(algorithm_class(name).stateful))  # imported already: its Keys were validated
+    return KEPT_VECTORS.get(name, 0)
+
+
+def _blame(cfg, part: Part) -> tuple:
+    """The (key, value) of ``part`` furthest above its default."""
+    from omegaconf import OmegaConf
+
+    from raysim.catalog import algorithm_keys
+    from raysim.config import Scenario
+
+    def growth(pair) -> float:
+        key, value = pair
+        section, _, rest = key.partition(".")
+        schema = OmegaConf.structured(algorithm_keys(cfg.algorithm.name) if section == "algorithm" else Scenario)
+        default = OmegaConf.select(schema, rest if section == "algorithm" else key)
+        if OmegaConf.is_list(default):
+            value, default = max(value, default=1), max(default, default=1)
+        return value / default if isinstance(value, (int, float)) and default else 1.0
+
+    return max(part.keys, key=growth) if part.keys else ("scenario", cfg.name)

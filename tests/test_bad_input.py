@@ -1,0 +1,304 @@
+"""Bad input users hit: each gives exactly one line ``error: <key> = <value>: expected …`` on
+stderr and exit status 2, before Ray starts or anything big is allocated; and the memory estimate
+behind the refusal of scenarios that cannot fit."""
+
+from __future__ import annotations
+
+import math
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from omegaconf import OmegaConf
+
+from raysim.catalog import ALGORITHMS
+from raysim.cli import main
+from raysim.config import Scenario, load_scenario
+from raysim.data import build_dataset
+from raysim.data.parquet import load_parquet, parquet_shape
+from raysim.errors import ScenarioError
+from raysim.footprint import check_fits, estimate, parameter_count, summary
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "scenarios" / "quickstart.yaml")
+MEMORY_LIMIT = 4 * 2 ** 30  # a regression that allocates fails instead of exhausting the machine
+FITS = r"expected a scenario that fits in memory: it needs about [\d.]+ [kMGTP]?B \(data set .*\), " \
+       r"this machine has [\d.]+ [kMGTP]?B available"
+TIER_KEYS = "fraction, speed, down_mbps, up_mbps, latency_s"
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    """``raysim ARGS`` in a real process under MEMORY_LIMIT."""
+    return subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, preexec_fn=_limit_memory)
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def write_parquet(path: Path, **columns) -> str:
+    base = {"client_id": [0, 0, 1, 1], "f0": [0.5, 1.0, 1.5, 2.0], "label": [0, 1, 1, 0]}
+    pq.write_table(pa.table({**base, **columns}), path)
+    return str(path)
+
+
+# --- real processes: the huge cases under a memory limit, nothing written -------------------------
+
+@pytest.mark.parametrize("override, expected", [
+    ("data.num_clients=1000000000", r"error: data\.num_clients = 1000000000: " + FITS),
+    ("model.hidden=[2000000000]", r"error: model\.hidden = \[2000000000\]: " + FITS),
+    ("execution.over_selection=inf", r"error: execution\.over_selection = inf: expected a finite number"),
+    ("seed=99999999999999999999999", r"error: seed = 99999999999999999999999: expected an integer in "
+                                     r"\[0, 9223372036854775807\]"),
+], ids=["clients", "hidden", "over_selection", "seed"])
+def test_run_refuses_in_a_real_process_and_writes_nothing(tmp_path, override, expected):
+    out = tmp_path / "out"
+    proc = cli("run", QUICKSTART, f"output.dir={out}", override)
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(expected, one_error_line(proc.stderr)), proc.stderr
+    assert not out.exists()
+
+
+def test_parquet_label_far_too_large_is_refused_in_a_real_process(tmp_path):
+    path = write_parquet(tmp_path / "d.parquet", label=[0, 2 ** 40, 1, 0])
+    out = tmp_path / "out"
+    proc = cli("run", QUICKSTART, "data.kind=parquet", f"data.path={path}", "execution.clients_per_round=1",
+               f"output.dir={out}")
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr) == (f"error: data.path = '{path}': expected class labels in [0, 1048575] "
+                                           "(column 'label' holds 1099511627776)")
+    assert not out.exists()
+
+
+def test_empty_scenario_file_in_a_real_process(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("")
+    proc = cli("validate", str(path))
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr) == (f"error: scenario = '{path}': expected a YAML mapping of scenario keys "
+                                           "(name, seed, data, model, ...); the file is empty")
+
+
+# --- the same line from cli.main, in-process --------------------------------------------------------
+
+def run_main(capsys, *args) -> str:
+    assert main(list(args)) == 2
+    captured = capsys.readouterr()
+    return one_error_line(captured.err)
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["model.hidden=[64,abc]"], "model.hidden[1] = 'abc': expected a value of type int"),
+    (["model.hidden=7"], "model.hidden = 7: expected a list of int"),
+    (["data.image_shape=[1,x]"], "data.image_shape[1] = 'x': expected a value of type int"),
+    (["algorithm.server_betas=[0.9,abc]"], "algorithm.server_betas[1] = 'abc': expected a value of type float"),
+    (["system.compute.kind=tiers", "system.compute.tiers=[{fraction: 1.0, sped: 2}]"],
+     f"system.compute.tiers[0].sped = 2: expected a known key; allowed here: {TIER_KEYS}"),
+    (["system.compute.kind=tiers", "system.compute.tiers=[{fraction: 1.0, speed: fast}]"],
+     "system.compute.tiers[0].speed = 'fast': expected a value of type float"),
+    (["system.compute.kind=tiers", "system.compute.tiers=[{fraction: 0.5}, 0.5]"],
+     f"system.compute.tiers[1] = 0.5: expected a mapping of keys ({TIER_KEYS})"),
+    (["system.compute.tiers=5"], "system.compute.tiers = 5: expected a list of Tier"),
+    (["system.unreliable.local_steps={kind: constant, valu: 3}"],
+     "system.unreliable.local_steps.valu = 3: expected a known key; allowed here: kind, value, low, high, mean"),
+    (["execution.staleness=3"], "execution.staleness = 3: expected a mapping of keys (kind, a, b)"),
+    (["model.options=3"], "model.options = 3: expected a mapping of keys to values"),
+    (["algorithm.lr=inf"], "algorithm.lr = inf: expected a finite number"),
+    (["algorithm.lr=nan"], "algorithm.lr = nan: expected a finite number"),
+    (["seed=-1"], "seed = -1: expected an integer in [0, 9223372036854775807]"),
+    (["algorithm.batch_size=100000000000000000000"],
+     "algorithm.batch_size = 100000000000000000000: expected an integer in "
+     "[-9223372036854775808, 9223372036854775807]"),
+    (["data.num_clients=3000000000"], "data.num_clients = 3000000000: expected an integer in [1, 2147483647]"),
+    (["runtime.torch_threads=100000"], "runtime.torch_threads = 100000: expected an integer in [1, 1024]"),
+])
+def test_validate_prints_one_line(capsys, overrides, line):
+    assert run_main(capsys, "validate", QUICKSTART, *overrides) == f"error: {line}"
+
+
+def test_tier_entry_with_a_typo_in_a_scenario_file(tmp_path, capsys):
+    path = tmp_path / "tiers.yaml"
+    path.write_text("system:\n  compute:\n    kind: tiers\n    tiers:\n      - fraction: 0.5\n        speed: 1\n"
+                    "      - fractoin: 0.5\n        speed: 2\n")
+    assert run_main(capsys, "validate", str(path)) == (
+        f"error: system.compute.tiers[1].fractoin = 0.5: expected a known key; allowed here: {TIER_KEYS}")
+
+
+@pytest.mark.parametrize("text, what", [
+    ("", "the file is empty"),
+    ("# only a comment\n", "the file is empty"),
+    ("{}\n", "the file holds {}"),
+    ("null\n", "the file holds null"),
+    ("- name: x\n- seed: 1\n", "the file holds a list"),
+    ("42\n", "the file holds 42"),
+    ("hello\n", "the file holds 'hello'"),
+])
+def test_scenario_file_without_keys(tmp_path, capsys, text, what):
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    assert run_main(capsys, "run", str(path), "runtime.backend=local", f"output.dir={out}") == (
+        f"error: scenario = '{path}': expected a YAML mapping of scenario keys (name, seed, data, model, ...); {what}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("column, values, shown", [
+    ("f0", [0.5, float("nan"), 1.5, 2.0], "nan"),
+    ("f0", [0.5, 1.0, float("inf"), 2.0], "inf"),
+    ("f1", [0.5, 1.0, 1e39, 2.0], "1e+39"),  # beyond float32
+])
+def test_parquet_features_must_be_finite(tmp_path, capsys, column, values, shown):
+    path = write_parquet(tmp_path / "d.parquet", **{column: values})
+    out = tmp_path / "out"
+    line = run_main(capsys, "run", QUICKSTART, "runtime.backend=local", "data.kind=parquet", f"data.path={path}",
+                    "execution.clients_per_round=1", f"output.dir={out}")
+    assert line == (f"error: data.path = '{path}': expected finite feature values within float32's range "
+                    f"(column {column!r} holds {shown})")
+    assert not out.exists()
+
+
+def test_parquet_list_column_and_negative_labels(tmp_path):
+    pixels = pa.FixedSizeListArray.from_arrays(pa.array([1, 2, 3, float("nan")] * 2, pa.float32()), 2)
+    path = tmp_path / "list.parquet"
+    pq.write_table(pa.table({"client_id": [0, 0, 1, 1], "px": pixels, "label": [0, 1, 1, 0]}), path)
+    with pytest.raises(ScenarioError, match=re.escape("(column 'px' holds nan)")):
+        load_parquet(str(path), "label", "client_id", None, None, 0.0, 0)
+    negative = write_parquet(tmp_path / "neg.parquet", label=[0, -3, 1, 0])
+    for read in (lambda: load_parquet(negative, "label", "client_id", None, None, 0.0, 0),
+                 lambda: parquet_shape(negative, "label", "client_id", None)):
+        with pytest.raises(ScenarioError, match=re.escape("expected class labels in [0, 1048575] "
+                                                          "(column 'label' holds -3)")):
+            read()
+
+
+def float_keys(schema, prefix=""):
+    """Dotted paths of every key a schema dataclass declares float (or Optional[float])."""
+    node = OmegaConf.structured(schema)
+    for name in node.keys():
+        child = node._get_node(name)
+        ref = child._metadata.ref_type
+        if isinstance(ref, type) and hasattr(ref, "__dataclass_fields__"):
+            yield from float_keys(ref, f"{prefix}{name}.")
+        elif ref is float or getattr(ref, "__args__", None) == (float, type(None)):
+            yield f"{prefix}{name}"
+
+
+def test_every_float_key_must_be_finite():
+    paths = list(float_keys(Scenario)) + sorted({f"algorithm.{k}" for _, keys in ALGORITHMS.values()
+                                                  for k in float_keys(keys)})
+    assert {"execution.over_selection", "system.compute.speed", "algorithm.lr", "algorithm.dyn_alpha"} <= set(paths)
+    for path in paths:
+        name = next((n for n, (_, keys) in ALGORITHMS.items() if path.split(".", 1)[1] in keys.__dataclass_fields__),
+                    None) if path.startswith("algorithm.") else "fedavg"
+        bad = {"execution.over_selection": "inf", "system.compute.mu": "-inf"}.get(path, "nan")
+        with pytest.raises(ScenarioError) as info:
+            load_scenario(None, [f"algorithm.name={name}", f"{path}={bad}"])
+        assert str(info.value) == f"{path} = {float(bad)}: expected a finite number"
+
+
+def test_the_largest_seed_runs_the_model_builder():
+    cfg = load_scenario(None, ["seed=9223372036854775807"])
+    from raysim.models import build_model
+
+    assert build_model(cfg.model, (60,), 10, cfg.seed).size > 0
+
+
+# --- the memory estimate ------------------------------------------------------------------------------
+
+def scenario(*overrides):
+    return load_scenario(None, ["runtime.backend=local", *overrides])
+
+
+def part(footprint, what: str) -> float:
+    return next(p.bytes for p in footprint.parts if p.what == what)
+
+
+def test_estimate_grows_linearly_with_the_clients():
+    one, two, ten = (estimate(scenario(f"data.num_clients={151 * n}")) for n in (1, 2, 10))  # whole cycles of sizes
+    for what in ("data set", "client state"):
+        assert part(ten, what) == pytest.approx(10 * part(one, what))
+    assert ten.total - one.total == pytest.approx(9 * (two.total - one.total))  # the model and training are fixed
+    assert ten.total > 5 * one.total
+
+
+@pytest.mark.parametrize("overrides", [
+    ["data.kind=gaussian_mixture", "data.num_clients=50"],
+    ["data.kind=digits", "data.num_clients=20", "model.kind=cnn", "execution.clients_per_round=5"],
+    ["data.kind=leaf_synthetic", "data.num_clients=300"],
+])
+def test_data_set_estimate_is_within_a_factor_2_of_the_table(overrides):
+    cfg = scenario(*overrides)
+    actual = build_dataset(cfg.data, cfg.seed).table.nbytes
+    from raysim.footprint import BUILD_FACTOR
+
+    estimated = part(estimate(cfg), "data set") / BUILD_FACTOR[cfg.data.kind]  # the table itself
+    assert 0.5 < estimated / actual < 2, (estimated, actual)
+
+
+def test_parquet_is_sized_from_metadata_and_two_columns(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    for i in range(2):  # a directory of two files, one list feature column
+        pq.write_table(pa.table({"client_id": np.arange(20) % 5 + 5 * i, "label": rng.integers(0, 7, 20),
+                                 "px": pa.FixedSizeListArray.from_arrays(pa.array(x[20 * i:20 * (i + 1)].ravel()), 6)}),
+                       tmp_path / f"part{i}.parquet")
+    loaded = load_parquet(str(tmp_path), "label", "client_id", None, None, 0.2, 0)
+    assert parquet_shape(str(tmp_path), "label", "client_id", None) == (
+        40, loaded.num_features, loaded.num_classes, loaded.num_clients)
+    scalar = write_parquet(tmp_path / "s.parquet", f1=[1.0, 2.0, 3.0, 4.0], who=["a", "b", "a", "b"])
+    assert parquet_shape(scalar, "label", "who", ["f0", "f1"]) == (4, 2, 2, 2)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.kind=logreg"],
+    ["model.hidden=[32,16]"],
+    ["model.hidden=[32,16]", "model.personal=adapter", "model.adapter_rank=3"],
+    ["data.kind=digits", "data.num_clients=10", "execution.clients_per_round=5", "model.kind=cnn"],
+    ["data.kind=digits", "data.num_clients=10", "execution.clients_per_round=5", "model.kind=cnn",
+     "model.channels=[4,4,4,4,4]"],
+])
+def test_parameter_count_matches_the_built_model(overrides):
+    from raysim.models import build_model
+
+    cfg = scenario(*overrides)
+    dataset = build_dataset(cfg.data, cfg.seed)
+    built = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, 0)
+    assert parameter_count(cfg.model, dataset.feature_shape, dataset.num_classes)[0] == built.size
+
+
+def test_stateful_algorithms_count_a_vector_per_visited_client():
+    fedavg = part(estimate(scenario("data.num_clients=1000")), "client state")
+    scaffold = part(estimate(scenario("data.num_clients=1000", "algorithm.name=scaffold")), "client state")
+    params = parameter_count(scenario().model, (60,), 10)[0]
+    visited = 20 * 10  # quickstart's defaults: 20 rounds of 10 clients
+    assert scaffold - fedavg >= visited * params * 4
+
+
+def test_check_fits_names_the_dominant_key():
+    cfg = scenario("data.num_clients=1000")
+    assert check_fits(cfg, available=math.inf).total == estimate(cfg).total
+    with pytest.raises(ScenarioError, match=r"^data\.num_clients = 1000: expected a scenario that fits in memory: "
+                                            r"it needs about .*, this machine has 1 MB available$"):
+        check_fits(cfg, available=1e6)
+    with pytest.raises(ScenarioError, match=r"^model\.hidden = \[4096, 4096\]: "):
+        check_fits(scenario("model.hidden=[4096,4096]"), available=1e6)
+    assert re.fullmatch(r"memory: about [\d.]+ MB \(data set .*\) of [\d.]+ [MGT]B available", summary(cfg))
+
+
+def test_a_cluster_checks_only_the_drivers_parts():
+    cfg = scenario("runtime.address=ray://head:10001")
+    assert [p.what for p in estimate(cfg).parts] == ["data set", "model"]

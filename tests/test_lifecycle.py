@@ -1,0 +1,234 @@
+"""How a run starts and ends as processes: a private embedded Ray even when another cluster is on
+the host, input refused before Ray starts, exit statuses on signals, and no process left behind
+(the guardian ends the driver's descendants, even after SIGKILL of the driver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+import pytest
+from conftest import free_port, kill_processes, session_processes
+
+from raysim.config import load_scenario
+
+pytest.importorskip("ray")
+
+RUN = ["scenarios/quickstart.yaml", "runtime.backend=ray", "runtime.num_cpus=2", "--quiet"]
+
+
+def _titles(processes: list) -> list:
+    titles = []
+    for p in processes:
+        try:
+            titles.append(" ".join(p.cmdline()).strip())
+        except psutil.Error:
+            continue
+    return titles
+
+
+def _wait_until(predicate, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def _guardians(driver_pid: int) -> list:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[-2:] == ["raysim.lifecycle", str(driver_pid)]]
+
+
+@pytest.fixture
+def raysim_run(tmp_path):
+    """Start ``raysim run`` (a long Ray run) in a session of its own; afterwards kill whatever
+    of that session, and its guardian, is still alive."""
+    started = []
+
+    def start(*overrides, env=None):
+        proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", *RUN, "execution.rounds=100000",
+                                 f"output.dir={tmp_path}/run", *overrides], env=env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            kill_processes(session_processes(proc.pid) + _guardians(proc.pid))
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for_actors(proc) -> None:
+    """Until the run's ClientActors exist (Ray and its agents started, the run about to go on),
+    and a little longer, for the guardian to have recorded them."""
+    assert _wait_until(lambda: any(t.startswith("ray::ClientActor") for t in _titles(session_processes(proc.pid))), 120), \
+        proc.stderr.read() if proc.poll() is not None else "no ClientActor"
+    time.sleep(1.0)
+
+
+def _ended_cleanly(proc, status: int) -> str:
+    """Wait for the driver's exit; check its status and that its session and guardian are gone
+    within 10 s; returns its stderr."""
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err
+    assert _wait_until(lambda: not session_processes(proc.pid) and not _guardians(proc.pid), 10), \
+        _titles(session_processes(proc.pid))
+    assert "Traceback" not in err and "SIGTERM received" not in err and "***" not in err, err
+    return err
+
+
+def test_sigkill_of_the_driver_leaves_no_process(raysim_run):
+    proc = raysim_run()
+    _wait_for_actors(proc)
+    agents = [t for t in _titles(session_processes(proc.pid)) if t.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))]
+    assert len(agents) == 2, agents  # the raylet's children, which outlived the driver before
+    proc.send_signal(signal.SIGKILL)
+    _ended_cleanly(proc, -signal.SIGKILL)
+
+
+def test_ctrl_c_while_ray_starts_exits_130_and_leaves_no_process(raysim_run):
+    proc = raysim_run()
+    assert _wait_until(lambda: any("gcs_server" in t for t in _titles(session_processes(proc.pid))), 120, step=0.01)
+    proc.send_signal(signal.SIGINT)  # ray.init is still starting the raylet and the agents
+    err = _ended_cleanly(proc, 130)
+    assert err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def test_two_quick_ctrl_c_exit_130_and_leave_no_process(raysim_run):
+    proc = raysim_run()
+    _wait_for_actors(proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # during the clean-up: must not interrupt it
+    err = _ended_cleanly(proc, 130)
+    assert err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def test_sigterm_stops_like_ctrl_c_with_status_143(raysim_run):
+    proc = raysim_run()
+    _wait_for_actors(proc)
+    proc.send_signal(signal.SIGTERM)
+    err = _ended_cleanly(proc, 143)
+    assert err.strip().splitlines()[-1].startswith("terminated"), err
+
+
+# ---------------------------------------------------------------------- the guardian, without Ray
+
+FAKE_DRIVER = """
+    import subprocess, sys, time
+    from raysim.lifecycle import guarded
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with guarded():
+        child = subprocess.Popen(sleeper)
+        # a child that starts a grandchild and exits a second later (the guardian has seen the
+        # grandchild by then): the grandchild is re-parented to PID 1
+        middle = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                   f"print(subprocess.Popen({sleeper!r}).pid, flush=True); time.sleep(1)"],
+                                  stdout=subprocess.PIPE)
+        grandchild = int(middle.stdout.readline())
+        middle.wait()
+        print(child.pid, grandchild, flush=True)
+        time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("ending", ["sigkill", "normal"])
+def test_the_guardian_ends_only_what_descended_from_the_driver(ending):
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    seconds = "60" if ending == "sigkill" else "1"  # that the fake driver lives
+    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(FAKE_DRIVER), seconds], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        descendants = [psutil.Process(int(pid)) for pid in driver.stdout.readline().split()]
+        if ending == "sigkill":
+            time.sleep(1.0)  # the guardian has recorded them
+            driver.kill()
+        assert driver.wait(timeout=30) == (-signal.SIGKILL if ending == "sigkill" else 0)
+        assert _wait_until(lambda: not any(p.is_running() for p in descendants) and not _guardians(driver.pid), 10)
+        assert bystander.poll() is None  # never seen descending from the driver: left alone
+    finally:
+        kill_processes(descendants + _guardians(driver.pid))
+        driver.kill()
+        bystander.kill()
+        bystander.wait()
+
+
+# ---------------------------------------------------------------------- a private embedded Ray
+
+@pytest.fixture(scope="module")
+def foreign_cluster():
+    """A Ray head started by ``ray start`` (1 CPU) in a session and temp dir of its own: the
+    host's current cluster for processes with RAY_TMPDIR set to that dir. Yields
+    (environment, GCS address, its session id); every process of that session is killed afterwards."""
+    temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths must stay short
+    env = {**os.environ, "RAY_TMPDIR": temp}
+    port = free_port()
+    starter = subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                                "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats"],
+                               env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        out, _ = starter.communicate(timeout=180)
+        assert starter.returncode == 0, out
+        assert os.path.exists(os.path.join(temp, "ray", "ray_current_cluster"))
+        yield env, f"127.0.0.1:{port}", starter.pid
+    finally:  # always, also when a test fails
+        kill_processes(session_processes(starter.pid))
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("route", ["ray_address", pytest.param("current_cluster", marks=pytest.mark.slow)])
+def test_run_starts_its_own_ray_beside_a_ray_start_cluster(foreign_cluster, tmp_path, route):
+    env, address, sid = foreign_cluster
+    if route == "ray_address":
+        env = {**env, "RAY_ADDRESS": address}
+    before = {p.pid for p in session_processes(sid)}
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", *RUN, "execution.rounds=2",
+                           "runtime.num_actors=2", f"output.dir={tmp_path}/run"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Token authentication" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["num_actors"] == 2  # 2 CPUs of its own: the foreign head has 1
+    assert before <= {p.pid for p in session_processes(sid)}  # the foreign cluster is untouched
+
+
+# ---------------------------------------------------------------------- input refused before Ray starts
+
+def test_more_actors_than_the_embedded_cpus_is_refused_before_ray_starts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", *RUN, "runtime.num_actors=3",
+                           f"output.dir={tmp_path}/run"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})  # not a Ray job's: ignored
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: runtime.num_actors = 3: expected at most 2 actors (1 node(s), 2 CPUs at runtime.cpus_per_actor=1), "
+        "or 'auto'"], proc.stderr
+
+
+def test_embedded_plan_checks_only_a_private_ray(monkeypatch):
+    from actors.runtime import embedded_plan
+    from raysim.errors import ScenarioError
+
+    cfg = load_scenario("scenarios/quickstart.yaml", ["runtime.num_cpus=2", "runtime.num_actors=3"])
+    with pytest.raises(ScenarioError, match=r"^runtime.num_actors = 3: expected at most 2 actors"):
+        embedded_plan(cfg.runtime)
+    assert embedded_plan(load_scenario("scenarios/quickstart.yaml", ["runtime.num_cpus=2"]).runtime) == 2
+    joining = load_scenario("scenarios/quickstart.yaml", ["runtime.num_actors=3", "runtime.address=10.0.0.1:6379"])
+    assert embedded_plan(joining.runtime) is None  # a cluster's size is known only there
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # as inside a Ray job
+    assert embedded_plan(cfg.runtime) is None

@@ -1,0 +1,186 @@
+"""Checkpoint and resume: a run stopped at any moment (an exception between reports, Ctrl-C,
+SIGKILL of the driver) and resumed ends with the uninterrupted run's model bytes and the same
+rows and events (wall-clock columns aside); the output directory always says how the run ended;
+a second run into a live directory is refused; a new run never leaves an earlier run's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import small_overrides, small_scenario
+
+import raysim
+from raysim.config import load_scenario
+from raysim.errors import RunError, ScenarioError
+
+STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",
+              "system.compute.seconds_per_sample=0.05", "system.dropout=0.05"]
+CASES = {
+    "sync_deadline": ["execution.rounds=8", "execution.clients_per_round=6", "execution.deadline=30",
+                      "execution.over_selection=1.5"] + STRAGGLERS,
+    "fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=40",
+                              "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=5"],
+    "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
+                             "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
+    "scaffold": ["algorithm.name=scaffold", "execution.rounds=8", "execution.clients_per_round=6"],
+}
+WALL_COLUMNS = {"rounds.parquet": {"wall_time", "updates_per_second"},
+                "events.parquet": {"compute_seconds", "actor", "node"}}
+
+
+def _tables(run_dir) -> dict:
+    """Both logs without their wall-clock columns, as Python lists."""
+    out = {}
+    for name, wall in WALL_COLUMNS.items():
+        table = pq.read_table(f"{run_dir}/{name}")
+        out[name] = table.select([c for c in table.column_names if c not in wall]).to_pylist()
+    return out
+
+
+def _summary(run_dir) -> dict:
+    with open(f"{run_dir}/summary.json") as f:
+        return json.load(f)
+
+
+class StopAfter:
+    """A progress callback that interrupts the run (as Ctrl-C would) at its ``n``-th report."""
+
+    def __init__(self, n: int):
+        self.n, self.seen = n, 0
+
+    def __call__(self, report):
+        self.seen += 1
+        if self.seen == self.n:
+            raise KeyboardInterrupt
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The uninterrupted run of each case: its summary and tables."""
+    tmp = tmp_path_factory.mktemp("reference")
+    runs = {}
+    for case in CASES:
+        result = raysim.run(small_scenario(tmp, *CASES[case], f"output.dir={tmp}/{case}"))
+        runs[case] = (result.summary, _tables(result.output_dir))
+    return runs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, references, case):
+    cfg = small_scenario(tmp_path, *CASES[case], "output.checkpoint_every=2")
+    with pytest.raises(KeyboardInterrupt):
+        raysim.run(cfg, progress=StopAfter(2))
+    run_dir = cfg.output.dir
+    stopped = _summary(run_dir)
+    assert stopped["status"] == "interrupted" and stopped["model_sha256"] is None
+    assert 0 < stopped["server_steps"] < references[case][0]["server_steps"]
+    assert os.path.exists(f"{run_dir}/checkpoint.pt") and not os.path.exists(f"{run_dir}/model.pt")
+    # the logs on disk cover exactly the steps of the checkpoint
+    assert len(pq.read_table(f"{run_dir}/rounds.parquet")) == stopped["rounds"]
+
+    result = raysim.resume(run_dir)
+    summary, tables = references[case]
+    assert result.summary["status"] == "completed"
+    assert result.summary["model_sha256"] == summary["model_sha256"]
+    for key in ("rounds", "server_steps", "client_updates", "tasks", "final_test_accuracy", "virtual_time"):
+        assert result.summary[key] == summary[key], key
+    assert _tables(run_dir) == tables
+    assert not os.path.exists(f"{run_dir}/checkpoint.pt")  # nothing left to resume
+
+
+def test_resume_refuses_keys_that_change_results_and_finished_runs(tmp_path):
+    cfg = small_scenario(tmp_path, "output.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        raysim.run(cfg, progress=StopAfter(1))
+    with pytest.raises(ScenarioError, match=r"algorithm.lr = '0.5': expected a key that cannot change results"):
+        raysim.resume(cfg.output.dir, ["algorithm.lr=0.5"])
+    raysim.resume(cfg.output.dir, ["runtime.torch_threads=1", "output.checkpoint_every=3"])
+    with pytest.raises(ScenarioError, match="this one has: nothing to resume"):
+        raysim.resume(cfg.output.dir)
+    with pytest.raises(ScenarioError, match="it has no scenario.yaml"):
+        raysim.resume(str(tmp_path / "nothing"))
+
+
+def test_a_failed_run_replaces_the_earlier_run_and_says_it_failed(tmp_path):
+    first = raysim.run(small_scenario(tmp_path, "execution.rounds=4"))
+    assert first.summary["status"] == "completed"
+    assert {"model.pt", "summary.json", "rounds.parquet"} <= set(os.listdir(first.output_dir))
+    with pytest.raises(RunError, match="diverged"):
+        raysim.run(small_scenario(tmp_path, "algorithm.lr=1e12", "seed=3"))
+    files = set(os.listdir(first.output_dir))
+    assert "model.pt" not in files  # the earlier run's model is gone, not presented as this run's
+    summary = _summary(first.output_dir)
+    assert summary["status"] == "failed" and "diverged" in summary["error"] and summary["seed"] == 3
+    assert len(pq.read_table(f"{first.output_dir}/rounds.parquet")) == summary["rounds"] < 4
+
+
+def _cli(*args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+
+def _wait_for(path: str, proc: subprocess.Popen, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+LONG = {"sync_deadline": ["execution.rounds=60"], "fedbuff": ["execution.max_updates=400"],
+        "scaffold": ["execution.rounds=60"], "fedasync": ["execution.max_updates=300"]}
+
+
+@pytest.mark.parametrize("case", ["sync_deadline", "fedbuff"] + [
+    pytest.param(case, marks=pytest.mark.slow) for case in ("fedasync", "scaffold")])
+def test_sigkill_of_the_driver_then_resume_equals_uninterrupted(tmp_path, case):
+    """The acceptance case end to end: ``raysim run`` in a process of its own, killed with SIGKILL
+    after a checkpoint; then ``raysim resume`` (the dead run's lock is stale) ends as the run that
+    was never stopped."""
+    reference = raysim.run(small_scenario(tmp_path, *CASES[case], *LONG[case], f"output.dir={tmp_path}/reference"))
+    overrides = small_overrides(tmp_path, *CASES[case], *LONG[case], "output.checkpoint_every=2")
+    cfg = load_scenario(None, overrides)
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("name: small\n")
+    proc = _cli("run", str(scenario), *overrides, "--quiet")
+    try:
+        _wait_for(f"{cfg.output.dir}/checkpoint.pt", proc)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert not os.path.exists(f"{cfg.output.dir}/summary.json")  # the driver died: nothing claims it finished
+    resumed = subprocess.run([sys.executable, "-m", "raysim.cli", "resume", cfg.output.dir, "--quiet"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _summary(cfg.output.dir)["model_sha256"] == reference.summary["model_sha256"]
+    assert _tables(cfg.output.dir) == _tables(reference.output_dir)
+
+
+def test_a_second_run_into_a_live_directory_is_refused_and_a_dead_runs_lock_is_stale(tmp_path):
+    overrides = small_overrides(tmp_path, "execution.rounds=100000")
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("name: small\n")
+    proc = _cli("run", str(scenario), *overrides, "--quiet")
+    try:
+        _wait_for(f"{tmp_path}/out/rounds.parquet", proc)
+        second = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(scenario), *overrides],
+                                capture_output=True, text=True, timeout=120)
+        assert proc.poll() is None  # the first run was alive all along
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert second.returncode == 2 and second.stdout == ""
+    assert second.stderr.startswith(f"error: output.dir = '{tmp_path}/out': expected a directory no other live run")
+    assert len(second.stderr.splitlines()) == 1
+    assert os.path.exists(f"{tmp_path}/out/.raysim.lock")  # left by the killed run
+    third = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(scenario), *overrides[:-1],
+                            "execution.rounds=2", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0, third.stderr
+    assert _summary(f"{tmp_path}/out")["status"] == "completed" and not os.path.exists(f"{tmp_path}/out/.raysim.lock")
