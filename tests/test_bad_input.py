@@ -302,3 +302,14 @@ def test_check_fits_names_the_dominant_key():
 def test_a_cluster_checks_only_the_drivers_parts():
     cfg = scenario("runtime.address=ray://head:10001")
     assert [p.what for p in estimate(cfg).parts] == ["data set", "model"]
+
+
+def test_the_estimate_knows_which_built_in_algorithms_keep_client_state():
+    """footprint's table of per-client kept vectors (it must not import torch) agrees with the
+    algorithm classes' own ``stateful``."""
+    from raysim.catalog import algorithm_class
+    from raysim.footprint import KEPT_VECTORS, PERSONAL_KEEPERS
+
+    for name in ALGORITHMS:
+        if name not in PERSONAL_KEEPERS:  # FFGG keeps w only with model.personal_state: stateful
+            assert KEPT_VECTORS.get(name, 0) == int(algorithm_class(name).stateful is True), name
