@@ -14,7 +14,7 @@ import psutil
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from conftest import small_scenario
+from conftest import small_overrides, small_scenario
 
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.simulation import prepare, run_scenario
@@ -133,3 +133,32 @@ def test_clear_run_files_removes_an_earlier_run_and_keeps_the_users_files(tmp_pa
     out.claim()
     out.clear_run_files()
     assert sorted(os.listdir(run)) == [LOCK, "data.parquet", "draft.tmp", "my_plot.png", "notes.txt"]
+
+
+def _limited_file_size(limit: int):
+    """A preexec_fn: files of the child may not grow beyond ``limit`` bytes (EFBIG, as a full disk
+    would give ENOSPC; root cannot bypass it)."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_disk_error_mid_run_is_one_line_and_both_logs_cover_the_same_steps(tmp_path):
+    overrides = small_overrides(tmp_path, "execution.rounds=2000", "output.save_model=false")
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("name: small\n")
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(scenario), *overrides, "--quiet"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limited_file_size(40_000))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"error: cannot write {tmp_path}/out/") and first.endswith("File too large"), proc.stderr
+    rounds, events = pq.read_table(f"{tmp_path}/out/rounds.parquet"), pq.read_table(f"{tmp_path}/out/events.parquet")
+    assert 0 < rounds.num_rows < 2000
+    assert sorted(set(events.column("round").to_pylist())) == rounds.column("round").to_pylist()
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == first.removeprefix("error: ")
+    assert summary["rounds"] == rounds.num_rows

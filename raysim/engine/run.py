@@ -220,10 +220,11 @@ class Run:
         """After an error or an interruption: write the rows so far (and, interrupted between two
         steps, a checkpoint), then a summary saying how the run ended. Failures here are reported
         on stderr and never hide the error that ended the run."""
+        disk_failed = isinstance(exc, OutputError)  # its line is the one reported; the logs agree already
         try:
             if status == "interrupted" and self.scheduler is not None and self.logs:
                 self._save_checkpoint()
-            else:
+            elif not disk_failed:
                 self._close_logs()
         except (OutputError, RunError) as write_error:
             print(f"error: {write_error}", file=sys.stderr)
@@ -231,7 +232,8 @@ class Run:
         try:
             self._write_summary(self._summary(status, error))
         except OutputError as write_error:
-            print(f"error: {write_error}", file=sys.stderr)
+            if not disk_failed:
+                print(f"error: {write_error}", file=sys.stderr)
 
     def _close_logs(self) -> None:
         for log in self.logs.values():
@@ -255,7 +257,8 @@ class Run:
         return {
             "name": cfg.name, "seed": cfg.seed, "status": status, "error": error,
             "backend": cfg.runtime.backend, "mode": cfg.execution.mode,
-            "num_actors": self.runtime.num_actors, "rounds": self.tally.rounds,
+            "num_actors": self.runtime.num_actors,
+            "rounds": self.logs["rounds.parquet"].rows if self.logs else self.tally.rounds,  # as on disk
             "server_steps": final.get("server_steps", self.report["version"]),
             "client_updates": final.get("client_updates", self.report["applied"]), "tasks": self.tally.statuses,
             "final_test_accuracy": _null(last.get("test_accuracy")), "final_test_loss": _null(last.get("test_loss")),
