@@ -9,6 +9,7 @@ import threading
 import time
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 from conftest import small_scenario
 
@@ -227,3 +228,31 @@ def test_a_lost_scheduler_actor_is_scheduler_lost_and_a_new_one_can_start(ray_se
         assert [info["actor"] for info in runtime.describe()] == [0]
     finally:
         runtime.close()
+
+
+def test_a_run_restarts_a_lost_scheduler_actor_from_its_last_checkpoint(ray_session, tmp_path):
+    reference = small_scenario(tmp_path / "local", "execution.rounds=6")
+    expected = run_scenario(reference, prepare(reference), LocalRuntime())
+    cfg = small_scenario(tmp_path / "ray", "execution.rounds=6", "runtime.num_actors=1", "runtime.scheduler=actor",
+                         "output.checkpoint_every=2", backend="ray")
+    runtime = RayRuntime(cfg.runtime)
+    earlier = {p.pid for p in _actor_processes("ray::SchedulerActor")}
+    killed = {}
+
+    def progress(report):
+        """At steps 2 and 4, before their checkpoints: the run state cannot be taken, and the run
+        goes back to the checkpoint before (the first one, at step 0, then step 2's)."""
+        if report["version"] in (2, 4) and report["version"] not in killed:
+            [process] = [p for p in _actor_processes("ray::SchedulerActor") if p.pid not in earlier]
+            earlier.add(process.pid)
+            killed[report["version"]] = process.pid
+            _kill(process.pid)
+
+    try:
+        summary = run_scenario(cfg, prepare(cfg), runtime, progress=progress)
+    finally:
+        runtime.close()
+    assert sorted(killed) == [2, 4] and summary["scheduler_restarts"] == 2
+    assert summary["model_sha256"] == expected["model_sha256"] and summary["rounds"] == 6
+    rounds = pq.read_table(f"{cfg.output.dir}/rounds.parquet")
+    assert rounds.column("round").to_pylist() == list(range(1, 7))  # the steps run twice are written once

@@ -138,18 +138,19 @@ class Run:
         stop = (self.report["version"] // every + 1) * every if every else None
         try:
             report = self.scheduler.advance(ADVANCE_SECONDS, stop)
-        except SchedulerLost as exc:
+            self.report = report
+            self._record(report)
+            if progress is not None:
+                progress(report)
+            if report["error"]:
+                raise report["error"]
+            if self._checkpoint_due(report):
+                self._save_checkpoint()
+                return
+        except SchedulerLost as exc:  # in advance or while taking its state for a checkpoint
             self._recover(exc)
             return
-        self.report = report
-        self._record(report)
-        if progress is not None:
-            progress(report)
-        if report["error"]:
-            raise report["error"]
-        if self._checkpoint_due(report):
-            self._save_checkpoint()
-        elif time.monotonic() - self.flushed_at >= max(self.cfg.output.flush_seconds, 10 * self.flush_cost):
+        if time.monotonic() - self.flushed_at >= max(self.cfg.output.flush_seconds, 10 * self.flush_cost):
             self._flush()
 
     def _checkpoint_due(self, report: dict) -> bool:
