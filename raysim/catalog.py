@@ -21,6 +21,8 @@ MODELS = {
     "cnn": "small conv net for image data (digits, or parquet with data.image_shape); key model.channels",
     "quadratic": "the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
                  "model.personal=[w]",
+    "bilinear": "the saddle problem's model (data.kind=saddle): logits [0, w1ᵀW2h] with w1 [d], W2 [d, d], so the "
+                "cross-entropy is log(1 + exp(−γ·w1ᵀW2h)); key model.init_scale",
 }
 
 ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
@@ -42,6 +44,7 @@ ALGORITHMS = {  # name -> (implementation "module:Class", its keys); the one reg
     "ffgg": ("raysim.algorithms.ffgg:FFGG", keys.FFGGKeys),
     "local_ffgg": ("raysim.algorithms.ffgg:LocalFFGG", keys.LocalFFGGKeys),
     "l2gd": ("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys),
+    "perfedavg": ("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
 }
 
 

@@ -22,11 +22,12 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError, Om
 
 from raysim.errors import ScenarioError
 from raysim.schema import (INT64_MAX, check_numbers, check_values, inapplicable, key, non_negative, non_negative_int,
-                           when)
+                           one_of, positive, positive_int, when)
 from raysim.system.config import SystemConfig
 
-DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS = (when("data.kind", k) for k in
-                                           ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs"))
+DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
+                                                   ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
+                                                    "saddle"))
 SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
@@ -48,7 +49,7 @@ class PartitionConfig:
 class DataConfig:
     """The federated data set."""
 
-    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | parquet | quadratic
+    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | blobs | parquet | quadratic | saddle
     num_clients: int = 100
     n: int = key(10000, "quadratic: rows of each client's matrices", when=QUADRATIC)
     d_theta: int = key(100, "quadratic: size of the global part θ", when=QUADRATIC)
@@ -69,6 +70,9 @@ class DataConfig:
     client_column: str = key("client_id", "parquet: the client column", when=PARQUET)
     feature_columns: Optional[List[str]] = key(None, "parquet: feature columns (null: all others)", when=PARQUET)
     image_shape: Optional[List[int]] = key(None, "parquet: the shape of one image (cnn)", when=PARQUET)
+    samples_per_client: int = key(200, "saddle: training rows per client", check=positive_int, when=SADDLE)
+    dim: int = key(1, "saddle: dimension d of the features h (the bilinear model then has d + d² parameters)",
+                   check=positive_int, when=SADDLE)
     options: Dict[str, Any] = key(doc="a custom data.kind's keyword arguments", factory=dict)
 
 
@@ -76,10 +80,12 @@ class DataConfig:
 class ModelConfig:
     """The model trained by every client (deterministic init from ``seed``)."""
 
-    kind: str = "mlp"  # logreg | mlp | cnn | quadratic
+    kind: str = "mlp"  # logreg | mlp | cnn | quadratic | bilinear
     hidden: List[int] = key(doc="mlp hidden sizes", factory=lambda: [64], when=when("kind", "mlp"))
     activation: str = key("relu", "mlp: relu | elu | tanh | sigmoid", when=when("kind", "mlp"))
     channels: List[int] = key(doc="cnn conv channels", factory=lambda: [16, 32], when=when("kind", "cnn"))
+    init_scale: float = key(1e-3, "bilinear: every initial parameter is init_scale·N(0, 1) (0: exactly at the "
+                                  "saddle, the origin)", check=non_negative, when=when("kind", "bilinear"))
     personal: Any = "none"  # none | input_layer | output_layer | adapter | [parameter-name patterns]
     adapter_rank: int = key(4, "adapter: rank of each LoRA pair", when=when("personal", "adapter"))
     adapter_layers: Optional[List[str]] = key(None, "adapter: Linear module names (null: all but the output layer)",
@@ -136,14 +142,39 @@ class RuntimeConfig:
     torch_threads: int = 1  # torch threads inside client work (at most MAX_TORCH_THREADS)
 
 
+@dataclass(frozen=True)
+class _Adapts:
+    """A condition (see :class:`raysim.schema.When`): personalized evaluation adapts the model first."""
+
+    def holds(self, cfg, section: str) -> bool:
+        return cfg.eval.personalized_steps > 0 or cfg.eval.personalized_epochs > 0
+
+    def describe(self, cfg, section: str) -> str:
+        return ("it applies only with eval.personalized_steps > 0 or eval.personalized_epochs > 0 "
+                "(here both are 0)")
+
+
+ADAPTS = _Adapts()
+
+
 @dataclass
 class EvalConfig:
     """Global (and optionally personalized) evaluation."""
 
     every: int = 1  # rounds between evaluations; 0: only at the end
     personalized_steps: int = 0  # >0: fine-tune this many local steps before testing
-    personalized_lr: Optional[float] = None  # null: algorithm.lr
+    personalized_lr: Optional[float] = key(None, "step size of the personalization steps (null: the algorithm's "
+                                                 "adaptation step: Per-FedAvg's inner_lr, FFGG's personal_lr, "
+                                                 "else algorithm.lr)", check=positive, when=ADAPTS)
     personalized_epochs: int = 0  # >0: fine-tune this many local epochs instead of steps
+    adapt_on: str = key("train", "the rows the personalization steps take their batches from: train | test "
+                                 "(test: as in the Per-FedAvg paper's FedAvg + update)",
+                        check=one_of("train", "test"), when=ADAPTS)
+    clients: Optional[int] = key(None, "personalized evaluation on a seeded sample of this many clients, the same "
+                                       "at every evaluation (null: every client)", check=positive_int, when=ADAPTS)
+    curvature: bool = key(False, "log the exact objective J (mean client training loss plus the weight-decay "
+                                 "term), its gradient's squared norm and the least eigenvalue of its Hessian at "
+                                 "every evaluation (full Hessian: small models only)")
 
 
 @dataclass
@@ -398,6 +429,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     from raysim.data import DATASETS
     from raysim.data._checks import check_num_clients
     from raysim.data.partition import PARTITIONERS
+    from raysim.footprint import check_curvature, model_size
     from raysim.system import validate_system
 
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
@@ -431,12 +463,21 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     if d.kind == "quadratic":
         for name in ("n", "d_theta", "d_w"):
             _positive(f"data.{name}", d[name], integer=True)
+    check_values(cfg, DataConfig, "data")
 
     m = cfg.model
     _custom_or_one_of("model.kind", m.kind, MODELS, m.options, "a function returning a torch.nn.Module")
     _check((m.kind == "quadratic") == (d.kind == "quadratic"), "model.kind", m.kind,
            "quadratic with data.kind=quadratic" if d.kind == "quadratic"
            else "a model for row data (not quadratic, which needs data.kind=quadratic)")
+    _check((m.kind == "bilinear") == (d.kind == "saddle"), "model.kind", m.kind,
+           "bilinear with data.kind=saddle" if d.kind == "saddle"
+           else "a model for this data (not bilinear, which needs data.kind=saddle)")
+    check_values(cfg, ModelConfig, "model")
+    if cfg.eval.curvature:
+        _check(d.kind != "quadratic", "eval.curvature", True,
+               "false with data.kind=quadratic (its exact metrics are logged at every server step already)")
+        check_curvature(model_size(cfg))  # a custom model is checked once built (simulation.prepare)
     personal = m.personal if isinstance(m.personal, str) else OmegaConf.to_container(m.personal)
     _check(personal in PERSONAL_MODES or (isinstance(personal, list) and personal
                                           and all(isinstance(x, str) for x in personal)),
@@ -512,8 +553,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _non_negative("eval.every", v.every)
     _non_negative("eval.personalized_steps", v.personalized_steps)
     _non_negative("eval.personalized_epochs", v.personalized_epochs)
-    if v.personalized_lr is not None:
-        _positive("eval.personalized_lr", v.personalized_lr)
+    check_values(cfg, EvalConfig, "eval")
 
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)

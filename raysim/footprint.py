@@ -26,7 +26,8 @@ from raysim.errors import ScenarioError
 
 ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
 BUILD_FACTOR = {"gaussian_mixture": 1.0, "digits": 1.0, "leaf_synthetic": 2.5, "blobs": 4.0,  # float64 draws
-                "parquet": 7.0, "quadratic": 2.0}  # parquet: the file read whole, its features, their sorted copy
+                "parquet": 7.0, "quadratic": 2.0,  # parquet: the file read whole, its features, their sorted copy
+                "saddle": 3.0}  # float64 draws, then their float32 copy
 SERVER_VECTORS = 6  # float64: parameters, aggregate, direction, step, two optimizer moments
 CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update, kept state, extras, copies
 ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
@@ -34,6 +35,7 @@ CLIENT_BOOKKEEPING = 128  # bytes per registered client: sizes, offsets, system 
 KEPT_ENTRY = 512  # bytes per kept client state besides its tensors (dict, tensor objects)
 KEPT_VECTORS = {"scaffold": 1, "feddyn": 1, "l2gd": 1}  # parameter-sized vectors kept per client
 PERSONAL_KEEPERS = ("ffgg", "local_ffgg")  # keep w (at most the parameters) with model.personal_state: stateful
+CURVATURE_MAX_PARAMETERS = 2000  # eval.curvature's full float64 Hessian: at most 32 MB, and P passes per evaluation
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,19 @@ def summary(cfg) -> str:
     return f"memory: {estimate(cfg).describe()} of {human(psutil.virtual_memory().available)} available"
 
 
+def check_curvature(size: int) -> None:
+    """``eval.curvature`` needs a full Hessian: refuse models of more than CURVATURE_MAX_PARAMETERS parameters."""
+    if size > CURVATURE_MAX_PARAMETERS:
+        raise ScenarioError("eval.curvature", True, f"false for a model of {size} parameters (a full Hessian: at "
+                                                    f"most {CURVATURE_MAX_PARAMETERS})")
+
+
+def model_size(cfg) -> int:
+    """Parameters of the scenario's model, counted from its keys (0 for a custom model or data kind)."""
+    _, features, classes, _, _ = _data_shape(cfg.data)
+    return parameter_count(cfg.model, features, classes)[0]
+
+
 def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list]:
     """(parameters, widths of the hidden layers) of the model :func:`raysim.models.build_model`
     builds for data of shape ``features`` with ``classes`` classes, counted without building it
@@ -128,6 +143,8 @@ def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list
     kind, flat = model_cfg.kind, math.prod(features)
     if kind == "quadratic":
         return sum(features), []
+    if kind == "bilinear":
+        return flat + flat * flat, []  # w1 [d], W2 [d, d]
     convolutions, widths, linear = 0, [], [flat, classes]
     if kind == "mlp":
         widths = list(model_cfg.hidden)
@@ -167,6 +184,12 @@ def _data_shape(d) -> tuple:
     if d.kind == "quadratic":
         return (d.num_clients, (d.d_theta, d.d_w), 0, d.num_clients,
                 clients + (("data.d_theta", d.d_theta), ("data.d_w", d.d_w), ("data.n", d.n)))
+    if d.kind == "saddle":
+        from raysim.data.saddle import saddle_test_rows
+
+        rows = d.num_clients * (d.samples_per_client + saddle_test_rows(d.samples_per_client, d.test_fraction))
+        return (rows, (d.dim,), 2, d.num_clients,
+                clients + (("data.samples_per_client", d.samples_per_client), ("data.dim", d.dim)))
     if d.kind == "parquet":
         from raysim.data.parquet import parquet_shape
 
@@ -193,6 +216,8 @@ def _model_keys(cfg) -> tuple:
         keys += (("data.d_theta", d.d_theta), ("data.d_w", d.d_w))
     elif d.kind == "parquet":
         keys += (("data.path", d.path),)
+    elif d.kind == "saddle":
+        keys += (("data.dim", d.dim),)
     return keys
 
 

@@ -92,8 +92,9 @@ def when(path: str, *values, negate: bool = False) -> When:
 def key(default=dataclasses.MISSING, doc: str = "", *, check: Check | None = None,
         when: When | tuple[When, ...] | None = None, factory: Callable[[], Any] | None = None) -> Any:
     """A documented scenario key (a dataclass field; ``factory`` for mutable defaults). With
-    several ``when`` conditions the key applies only when all of them hold."""
-    conditions = () if when is None else (when,) if isinstance(when, When) else tuple(when)
+    several ``when`` conditions the key applies only when all of them hold; a condition is a
+    :class:`When` or any object with its ``holds`` and ``describe``."""
+    conditions = () if when is None else tuple(when) if isinstance(when, tuple) else (when,)
     metadata = {"doc": doc, "check": check, "when": conditions}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)

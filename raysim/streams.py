@@ -41,6 +41,9 @@ class Purpose(IntEnum):
     QUADRATIC_CLIENT = 14  # (client,): a quadratic client's matrices and targets
     QUADRATIC_PLANT = 15  # (): the planted θ of the realizable quadratic problem
     BLOBS = 16  # (): the centralized Gaussian-blob data set
+    EVAL_CLIENTS = 17  # (): the sample of clients that personalized evaluation tests (eval.clients)
+    SADDLE_CLIENT = 18  # (client,): a saddle-data client's mean m_k and rows
+    BILINEAR_INIT = 19  # (): the bilinear model's initial parameters
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

@@ -54,7 +54,8 @@ def init_session_ray():
     import ray
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=RAY_CPUS, num_gpus=RAY_GPUS, include_dashboard=False, logging_level="ERROR")
+    # address="local": a Ray of its own, even while another test session's Ray runs on this machine
+    ray.init(address="local", num_cpus=RAY_CPUS, num_gpus=RAY_GPUS, include_dashboard=False, logging_level="ERROR")
 
 
 @pytest.fixture(scope="session")

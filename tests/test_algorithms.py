@@ -122,7 +122,8 @@ def test_tasks_declare_their_work_and_bytes(tmp_path):
     assert epochs.work(sizes, none, payload).tolist() == [15, 150]
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "feddyn", "fedacg", "fedyogi", "localgd"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "feddyn", "fedacg", "fedyogi", "localgd",
+                                  "perfedavg"])
 def test_noise_and_unreliable_steps_reach_every_algorithm(tmp_path, name):
     base = ["execution.rounds=2", f"algorithm.name={name}", "algorithm.local_steps=3"]
     plain = _sha(tmp_path, "plain", *base)

@@ -72,9 +72,21 @@ MODES = {
                 "runtime.clients_per_task=3"],
     "fedadam_fedbuff": STRAGGLERS + ["algorithm.name=fedadam", "execution.mode=async", "execution.aggregation=fedbuff",
                                      "execution.buffer_size=4", "execution.concurrency=12", "execution.max_updates=40"],
+    **{f"perfedavg_{variant}": ["algorithm.name=perfedavg", f"algorithm.variant={variant}", "algorithm.local_steps=2",
+                                "algorithm.lr=0.05", "execution.rounds=3", "execution.clients_per_round=20",
+                                "runtime.clients_per_task=3", "eval.personalized_steps=1", *extra]
+       for variant, extra in [("fo", []), ("hvp", []), ("hf", ["system.unreliable.participation.value=0.5"])]},
     "scaffold_stateful": ["data.kind=quadratic", "data.n=60", "data.d_theta=6", "data.d_w=3", "model.kind=quadratic",
                           "algorithm.name=scaffold", "algorithm.local_steps=3", "algorithm.lr_unit=inverse_smoothness",
                           "execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3"],
+    "saddle_unreliable": ["data.kind=saddle", "model.kind=bilinear", "data.samples_per_client=20", "algorithm.lr=0.1",
+                          "algorithm.weight_decay=0.1", "algorithm.local_steps=4", "algorithm.batch_size=1",
+                          "system.unreliable.participation.value=0.5", "system.unreliable.coin=round",
+                          "system.unreliable.local_steps={kind: uniform_int, low: 1, high: 6}",
+                          "system.unreliable.weights=uniform", "system.unreliable.normalize_steps=true",
+                          "system.unreliable.gradient_noise=gaussian", "system.unreliable.noise_scale=0.01",
+                          "eval.curvature=true", "execution.rounds=4", "execution.clients_per_round=20",
+                          "runtime.clients_per_task=3"],
 }
 
 

@@ -39,7 +39,8 @@ from raysim.algorithms import server_optimizers, transforms
 from raysim.algorithms.aggregators import weighted_mean
 from raysim.algorithms.keys import FedAvgKeys
 from raysim.algorithms.local import LocalResult, local_train
-from raysim.algorithms.oracles import QuadraticOracle, RowOracle, StepPlan, counted_plan, minibatch_plan
+from raysim.algorithms.oracles import (Participation, QuadraticOracle, RowOracle, StepPlan, counted_plan,
+                                       minibatch_plan)
 
 
 @dataclass
@@ -150,9 +151,10 @@ class ClientContext:
     model: object  # FlatModel
     data: object  # RowData, or the QuadraticProblem
     device: torch.device
-    participation: np.ndarray | None = None  # [C] δ_k of unreliable clients (None: always compute)
+    participation: Participation | None = None  # δ_k of unreliable clients and their coin (None: always compute)
     local_steps: np.ndarray | None = None  # [C] heterogeneous E_k (> 0 overrides the algorithm's)
     noise: tuple | None = None  # (kind, scale): perturbation of local gradients
+    normalize_steps: bool = False  # each client's step size is lr / (its number of local steps)
     states: list | None = None  # [C] each client's kept state (a dict of tensors, or None on a first visit)
 
     @property
@@ -166,15 +168,19 @@ class ClientContext:
         offsets = self.data.offsets[self.client_ids]
         return offsets[:, 1] - offsets[:, 0]
 
-    def plan(self, steps: int | None, batch_size: int = 1, epochs: int = 1, full_batch: bool = False) -> StepPlan:
-        """The task's local steps: minibatches of ``batch_size`` (``steps`` of them, or ``epochs``
-        passes when ``steps`` is None), or ``steps`` full-batch steps (always, on quadratic data).
-        The unreliable-agent model's E_k and δ_k apply."""
+    def plan(self, steps: int | None, batch_size: int = 1, epochs: int = 1, full_batch: bool = False,
+             coins: bool = True, rows: str = "train") -> StepPlan:
+        """The task's local steps: minibatches of ``batch_size`` from the clients' ``rows`` (train
+        or test; ``steps`` of them, or ``epochs`` passes when ``steps`` is None), or ``steps``
+        full-batch steps (always, on quadratic data). The unreliable-agent model's E_k applies,
+        and its δ_k coins unless ``coins`` is false (a second batch stream of the same steps)."""
+        participation = self.participation if coins else None
         if self.quadratic or full_batch:
-            return counted_plan(self.rngs, steps, self.local_steps, self.participation)
-        starts = self.data.offsets[self.client_ids, 0]
-        return minibatch_plan(starts, self.train_sizes, self.rngs, batch_size, epochs, steps, self.local_steps,
-                              self.participation)
+            return counted_plan(self.rngs, steps, self.local_steps, participation)
+        offsets = self.data.offsets[self.client_ids]
+        first, last = (0, 1) if rows == "train" else (1, 2)
+        return minibatch_plan(offsets[:, first], offsets[:, last] - offsets[:, first], self.rngs, batch_size, epochs,
+                              steps, self.local_steps, participation)
 
     def plan_from(self, cfg, steps: int | None = None, full_batch: bool = False) -> StepPlan:
         """:meth:`plan` with an algorithm's keys (``local_steps``, ``batch_size``, ``local_epochs``)."""
@@ -192,7 +198,8 @@ class ClientContext:
                   max_grad_norm: float | None = None, only: torch.Tensor | None = None) -> transforms.ClientTransform:
         """The chain of a local step: the algorithm's ``terms`` (proximal, correction), gradient
         clipping, weight decay, the unreliable-agent model's noise and participation scaling, a mask of the
-        entries that move (``only``), and the step size ``lr``."""
+        entries that move (``only``), and the step size ``lr`` (divided by each client's number of
+        local steps E_k with ``normalize_steps``)."""
         parts = list(terms)
         if max_grad_norm is not None:
             parts.append(transforms.clip_by_norm(max_grad_norm))
@@ -204,6 +211,9 @@ class ClientContext:
             parts.append(transforms.scale_by_participation(plan.participation.to(self.device)))
         if only is not None:
             parts.append(transforms.mask(only.to(self.device)))
+        if self.normalize_steps:
+            steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=self.device).clamp_min(1)
+            lr = torch.as_tensor(lr, dtype=torch.float64, device=self.device) / steps
         parts.append(transforms.scale(lr))
         return transforms.chain(*parts)
 
@@ -237,12 +247,14 @@ class Algorithm:
     own, see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients
     keep state between visits; ``personalised``: the model has a personal part w that never
     leaves the client (``model.personal``); ``gradients_per_step``: gradient evaluations per
-    local step, for the work a task declares."""
+    local step, for the work a task declares; ``sample_weighted``: a synchronous round weights
+    updates by the clients' training samples (false: a plain mean)."""
 
     Keys = FedAvgKeys
     stateful = False
     personalised = False
     gradients_per_step = 1
+    sample_weighted = True
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model
@@ -331,16 +343,21 @@ class Algorithm:
         """The client's step size (``algorithm.lr``)."""
         return self.cfg.lr
 
-    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float) -> Personalized:
+    def adaptation_lr(self) -> float:
+        """The step size of personalized evaluation when ``eval.personalized_lr`` is null."""
+        return self.cfg.lr
+
+    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float,
+                    adapt_on: str = "train") -> Personalized:
         """Fine-tune the whole model (``steps`` SGD steps, or ``epochs`` local epochs when > 0) on
-        each client, then test it there."""
-        return self.finetune_and_test(ctx, ctx.start(payloads), steps, epochs, lr)
+        each client's ``adapt_on`` rows, then test it there."""
+        return self.finetune_and_test(ctx, ctx.start(payloads), steps, epochs, lr, adapt_on=adapt_on)
 
     def finetune_and_test(self, ctx: ClientContext, start: torch.Tensor, steps: int, epochs: int, lr: float,
-                          only: torch.Tensor | None = None) -> Personalized:
-        """Fine-tune ``start`` [C, P] (only the ``only`` entries move) on each client's training
-        rows, then test each client's model on its own test rows."""
-        plan = ctx.plan(None if epochs > 0 else steps, getattr(self.cfg, "batch_size", 1), epochs)
+                          only: torch.Tensor | None = None, adapt_on: str = "train") -> Personalized:
+        """Fine-tune ``start`` [C, P] (only the ``only`` entries move) on minibatches of each
+        client's ``adapt_on`` rows (train or test), then test each client's model on its own test rows."""
+        plan = ctx.plan(None if epochs > 0 else steps, getattr(self.cfg, "batch_size", 1), epochs, rows=adapt_on)
         weight_decay = getattr(self.cfg, "weight_decay", 0.0)
         params = local_train(start, ctx.oracle(plan), ctx.transform(plan, lr, weight_decay=weight_decay,
                                                                     only=only)).params

@@ -77,10 +77,14 @@ class FFGG(Algorithm):
     def server_direction(self, state, aggregate, updates, weights):
         return aggregate, state.extra, {"grad_norm_sq": float(aggregate.square().sum())}
 
-    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float):
+    def adaptation_lr(self) -> float:
+        return self.cfg.personal_lr or self.cfg.lr
+
+    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float,
+                    adapt_on: str = "train"):
         """Fine-tune w only (from its start, as in training) on each client, then test there."""
         start = self.start_personal(ctx, ctx.start(payloads))
-        return self.finetune_and_test(ctx, start, steps, epochs, lr, only=ctx.model.personal)
+        return self.finetune_and_test(ctx, start, steps, epochs, lr, only=ctx.model.personal, adapt_on=adapt_on)
 
     def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
         """The fine-tuning steps' samples plus one pass over the training rows (the partial gradient)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
+import numpy as np
+
 from raysim.errors import ScenarioError
 from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,
                            positive_int, unit_interval, when)
@@ -35,6 +37,11 @@ class AlgorithmKeys:
     @staticmethod
     def check(cfg) -> None:
         """Checks that involve several keys or sections (the scenario ``cfg``, values checked)."""
+
+    @staticmethod
+    def check_data(cfg, train_sizes) -> None:
+        """Checks against the built data set (``train_sizes``: each client's training rows), before
+        Ray starts; row data only."""
 
 
 @dataclass
@@ -257,6 +264,44 @@ class L2GDKeys(QuadraticUnitKeys, StepKeys):
         if d.kind != "parquet" and e.clients_per_round != d.num_clients:
             raise ScenarioError("execution.clients_per_round", e.clients_per_round,
                                 f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
+
+
+PERFEDAVG_VARIANTS = ("fo", "hf", "hvp")
+
+
+@dataclass
+class PerFedAvgKeys(StepKeys):
+    """Per-FedAvg: local steps on the one-step-adapted loss f(v − α∇f(v)); variants fo, hf, hvp."""
+
+    lr: float = key(0.001, "β, the local (outer) step size", check=positive)
+    local_steps: int = key(10, "τ, local meta-steps per task", check=positive_int)
+    variant: str = key("hf", "fo (first order: step along ∇f(ŵ)) | hf (Hessian-free: a central difference "
+                             "of gradients for the Hessian term) | hvp (exact Hessian-vector product)",
+                       check=one_of(*PERFEDAVG_VARIANTS))
+    inner_lr: float = key(0.01, "α, the adaptation step ŵ = v − α∇f(v); also the default step of "
+                                "personalized evaluation", check=non_negative)
+    batch_size: int = key(10, "D, the batch of the adaptation gradient ∇f(v; S)", check=positive_int, when=ROW_DATA)
+    outer_batch_size: Optional[int] = key(None, "D′, the batch of the gradient at the adapted point (null: "
+                                                "batch_size)", check=positive_int, when=ROW_DATA)
+    hessian_batch_size: Optional[int] = key(None, "D″, the batch of the Hessian term (null: outer_batch_size)",
+                                            check=positive_int, when=(ROW_DATA, when("variant", "hf", "hvp")))
+    hessian_delta: float = key(1e-3, "δ of the central difference [∇f(v + δu) − ∇f(v − δu)] / 2δ",
+                               check=positive, when=when("variant", "hf"))
+
+    @staticmethod
+    def check_data(cfg, train_sizes) -> None:
+        a = cfg.algorithm
+        outer = a.outer_batch_size or a.batch_size
+        batches = {"algorithm.batch_size": a.batch_size, "algorithm.outer_batch_size": outer}
+        if a.variant != "fo":
+            batches["algorithm.hessian_batch_size"] = a.hessian_batch_size or outer
+        fewest = int(np.argmin(train_sizes))  # the first client with the fewest training rows
+        for path, size in batches.items():
+            if train_sizes[fewest] < size:
+                short = int((train_sizes < size).sum())
+                raise ScenarioError(path, size, f"at most {int(train_sizes[fewest])}, the training rows of client "
+                                                f"{fewest} ({short} of {len(train_sizes)} clients have fewer than "
+                                                f"{size})")
 
 
 def require_local_steps(cfg, why: str) -> None:

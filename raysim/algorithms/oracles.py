@@ -1,7 +1,8 @@
 """Gradient oracles: what a local step knows of a client's objective.
 
 A :class:`StepPlan` fixes, before training starts, each client's number of local steps, its
-minibatches (drawn from the client's own generator) and the unreliable-agent model's participation coins.
+minibatches (drawn from the client's own generator) and the unreliable-agent model's participation coins
+(:class:`Participation`).
 An oracle answers, for the ``[C, P]`` parameters of a task's clients:
 
 * ``gradient(params, s)``: the gradient at local step ``s`` — on minibatch ``s`` of the plan
@@ -43,34 +44,51 @@ class StepPlan:
         return int(self.active.shape[0])
 
 
-def _coins(rng: np.random.Generator, steps: int, delta: float) -> np.ndarray:
-    """1/δ for the steps an unreliable client computes (probability δ each), 0 for the others."""
-    if delta >= 1.0:
+@dataclass(frozen=True)
+class Participation:
+    """The unreliable-agent model's coins for a task's clients: client c computes with probability
+    ``delta[c]``, drawing one coin per local step, or with ``per_round`` one coin for all of its
+    local steps of the task. A computed step is scaled by 1/δ_c either way (unbiased)."""
+
+    delta: np.ndarray  # [C] δ_c in (0, 1]
+    per_round: bool = False
+
+    @property
+    def unreliable(self) -> bool:
+        return bool((self.delta < 1).any())
+
+
+def _coins(rng: np.random.Generator, steps: int, participation: Participation | None, c: int) -> np.ndarray:
+    """Client c's scale per local step: 1/δ_c for the steps it computes, 0 for the others (all
+    ones when it always computes)."""
+    if participation is None or participation.delta[c] >= 1.0:
         return np.ones(steps)
-    return np.where(rng.random(steps) < delta, 1.0 / delta, 0.0)
+    delta = float(participation.delta[c])
+    draws = np.full(steps, rng.random()) if participation.per_round else rng.random(steps)
+    return np.where(draws < delta, 1.0 / delta, 0.0)
 
 
-def _finish(per_client_steps: list, coins: list, participation) -> tuple:
+def _finish(per_client_steps: list, coins: list, participation: Participation | None) -> tuple:
     steps = np.array(per_client_steps, dtype=np.int64)
     active = np.zeros((int(steps.max(initial=0)), len(steps)), dtype=np.float32)
     scales = np.zeros(active.shape, dtype=np.float32)
     for c, n in enumerate(steps):
         active[:n, c] = 1.0
         scales[:n, c] = coins[c]
-    unreliable = participation is not None and (np.asarray(participation) < 1).any()
+    unreliable = participation is not None and participation.unreliable
     return steps, torch.from_numpy(active), torch.from_numpy(scales) if unreliable else None
 
 
 def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size: int, epochs: int,
                    steps: int | None, client_steps: np.ndarray | None = None,
-                   participation: np.ndarray | None = None) -> StepPlan:
+                   participation: Participation | None = None) -> StepPlan:
     """Minibatches of clients whose training rows are ``starts[c] : starts[c] + sizes[c]``.
 
     With ``steps`` unset, each of ``epochs`` passes shuffles the client's rows and cuts them
     into batches (the last one may be short); with ``steps`` set, the client takes that many
     batches from a stream of shuffled passes. ``client_steps`` (> 0) overrides the number of
     steps per client (heterogeneous E_k). A client's generator draws its permutations, then
-    (with ``participation`` δ_c < 1) one coin per step.
+    (with ``participation`` δ_c < 1) its coins: one per step, or one per task.
     """
     per_client, coins = [], []
     for c, (start, size, rng) in enumerate(zip(starts, sizes, rngs)):
@@ -86,7 +104,7 @@ def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size
             order = np.concatenate([rng.permutation(size) for _ in range(passes)])
             batches = [order[i * batch_size:(i + 1) * batch_size] for i in range(own_steps)]
         per_client.append([b + start for b in batches])
-        coins.append(_coins(rng, len(batches), 1.0 if participation is None else float(participation[c])))
+        coins.append(_coins(rng, len(batches), participation, c))
     num_steps, active, scales = _finish([len(b) for b in per_client], coins, participation)
     width = max(len(b) for batches in per_client for b in batches)
     rows = np.zeros((*active.shape, width), dtype=np.int64)
@@ -99,13 +117,13 @@ def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size
 
 
 def counted_plan(rngs: list, steps: int, client_steps: np.ndarray | None = None,
-                 participation: np.ndarray | None = None) -> StepPlan:
+                 participation: Participation | None = None) -> StepPlan:
     """``steps`` full-batch (or exact) steps per client (``client_steps`` > 0 overrides them);
-    with ``participation`` δ_c < 1, each client's generator draws one coin per step."""
+    with ``participation`` δ_c < 1, each client's generator draws its coins (one per step, or one
+    per task)."""
     own = [int(client_steps[c]) if client_steps is not None and client_steps[c] > 0 else steps
            for c in range(len(rngs))]
-    coins = [_coins(rng, n, 1.0 if participation is None else float(participation[c]))
-             for c, (rng, n) in enumerate(zip(rngs, own))]
+    coins = [_coins(rng, n, participation, c) for c, (rng, n) in enumerate(zip(rngs, own))]
     num_steps, active, scales = _finish(own, coins, participation)
     return StepPlan(num_steps, active, scales)
 

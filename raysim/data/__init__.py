@@ -10,11 +10,12 @@ from raysim.data.federated import FederatedDataset
 from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
+from raysim.data.saddle import saddle
 from raysim.errors import ScenarioError
 
 __all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "QuadraticProblem", "blobs", "build_dataset", "digits",
            "gaussian_mixture", "generate_quadratic", "leaf_synthetic", "load_parquet", "open_dataset",
-           "partition"]
+           "partition", "saddle"]
 
 DATASETS: dict[str, str] = {
     "blobs": "synthetic Gaussian clusters (two per class, centres of norm 3, unit noise) split over clients "
@@ -28,6 +29,9 @@ DATASETS: dict[str, str] = {
                "(keys: path, label_column, client_column, feature_columns, image_shape, test_fraction)",
     "quadratic": "the FFGG paper's partially personalised quadratic, f_m = ½‖H_mθ − b_m‖² + ½‖A_mθ + B_mw − y_m‖² "
                  "(keys: num_clients, n, d_theta, d_w, realizable; use model.kind=quadratic)",
+    "saddle": "the strict-saddle problem of the second-order-guarantees paper: labels ±1 and features "
+              "h = ±m_k·u + N(0, I) per client, m_k ~ U[0.5, 1.5] (keys: num_clients, samples_per_client, dim, "
+              "test_fraction; use model.kind=bilinear)",
 }
 
 
@@ -80,6 +84,8 @@ def build_dataset(data_cfg, seed: int):
 
         return generate_quadratic(data_cfg.num_clients, data_cfg.n, data_cfg.d_theta, data_cfg.d_w, seed,
                                   realizable=data_cfg.realizable)
+    if kind == "saddle":
+        return saddle(data_cfg.num_clients, data_cfg.samples_per_client, data_cfg.dim, data_cfg.test_fraction, seed)
     if kind == "parquet":
         feature_columns, image_shape = data_cfg.feature_columns, data_cfg.image_shape
         return load_parquet(data_cfg.path, data_cfg.label_column, data_cfg.client_column,

@@ -1,5 +1,5 @@
-"""Evaluation on the scheduler: the server model over every client's test rows, or the exact
-metrics of a quadratic problem."""
+"""Evaluation on the scheduler: the server model over every client's test rows, the exact
+metrics of a quadratic problem, or the exact objective and curvature of a small model."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from raysim.engine.host import torch_threads
+
+CURVATURE_CHUNK = 2 ** 20  # rows × parameters per pass of the curvature evaluation (bounds its memory)
 
 
 def evaluate_rows(model, flat: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
@@ -73,3 +75,53 @@ class QuadraticEvaluator:
         return {"rel_error": self.problem.rel_error(theta, self.theta0),
                 "grad_norm_sq": self.problem.grad_norm_sq(theta),
                 "loss_gap": self.problem.loss_gap(theta_rows, w)}
+
+
+class CurvatureEvaluator:
+    """``eval.curvature``: the exact objective J(w) = Σ_k p_k·(mean training loss of client k) +
+    (weight_decay/2)·‖w‖² over every client's training rows (p_k = 1/K for ``system.unreliable.weights:
+    uniform``, K the clients with training rows; else each client's share of the rows), the squared
+    norm of its gradient and the least eigenvalue of its Hessian, in float64 with torch.func (a full
+    Hessian: small models, see :func:`raysim.footprint.check_curvature`)."""
+
+    def __init__(self, model, dataset, uniform: bool, weight_decay: float, threads: int):
+        offsets = dataset.offsets()
+        sizes = offsets[:, 1] - offsets[:, 0]
+        rows = np.concatenate([np.arange(lo, hi) for lo, hi, _ in offsets])
+        if uniform:  # p_k / n_k per row of client k
+            share = 1.0 / (np.count_nonzero(sizes) * np.maximum(sizes, 1))
+        else:
+            share = np.full(len(sizes), 1.0 / sizes.sum())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            features = torch.from_numpy(dataset.features())[torch.from_numpy(rows)]
+            labels = torch.from_numpy(dataset.labels())[torch.from_numpy(rows)]
+        chunk = max(1, CURVATURE_CHUNK // model.size)
+        self.chunks = [(x.double().reshape(-1, *dataset.feature_shape), y, w)
+                       for x, y, w in zip(features.split(chunk), labels.split(chunk),
+                                          torch.from_numpy(np.repeat(share, sizes)).split(chunk))]
+        self.model, self.weight_decay, self.threads = model, weight_decay, threads
+
+    def _loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Σ p_k/n_k·loss over the rows ``x``, ``y`` (their ``weights``) at parameters ``theta``."""
+        return F.cross_entropy(self.model.logits(theta, x), y, reduction="none") @ weights
+
+    def _gradient(self, theta: torch.Tensor, *rows) -> tuple:
+        """(gradient, (gradient, value)) of :meth:`_loss`: differentiated once more, the Hessian too."""
+        grad, value = torch.func.grad_and_value(self._loss)(theta, *rows)
+        return grad, (grad, value)
+
+    def __call__(self, params: torch.Tensor) -> dict:
+        """``objective`` J, ``grad_norm_sq`` ‖∇J‖², ``hessian_min_eig`` λ_min(∇²J) and the flat
+        ``parameters`` at the global model ``params``."""
+        theta = params.detach().double()
+        value = 0.5 * self.weight_decay * theta @ theta
+        grad = self.weight_decay * theta
+        hessian = self.weight_decay * torch.eye(len(theta), dtype=torch.float64)
+        with torch_threads(self.threads):
+            for rows in self.chunks:
+                h, (g, v) = torch.func.jacrev(self._gradient, has_aux=True)(theta, *rows)
+                value, grad, hessian = value + v, grad + g, hessian + h
+            least = torch.linalg.eigvalsh(hessian)[0]
+        return {"objective": float(value), "grad_norm_sq": float(grad @ grad), "hessian_min_eig": float(least),
+                "parameters": theta.tolist()}

@@ -13,6 +13,7 @@ import torch
 from raysim.config import scenario_object
 
 from raysim.algorithms import ClientContext, RowData, make_algorithm
+from raysim.algorithms.oracles import Participation
 from raysim.data import QuadraticProblem, open_dataset
 from raysim.models import build_model
 from raysim.streams import Purpose, stream
@@ -63,6 +64,7 @@ class ClientHost:
         self.local_steps = profile["local_steps"] if (profile["local_steps"] > 0).any() else None
         self.noise = None if unreliable.gradient_noise == "none" else (unreliable.gradient_noise,
                                                                        unreliable.noise_scale)
+        self.per_round_coins, self.normalize_steps = unreliable.coin == "round", unreliable.normalize_steps
         if self.problem is not None:  # clients are rows of sufficient statistics, not of samples
             self.data = self.problem
             return
@@ -86,9 +88,9 @@ class ClientHost:
                             self.model, self.data, self.device, *self._unreliable(ids, task.op),
                             states=None if task.states is None else list(task.states))
         if task.op == "personalize":
-            ev, a = self.cfg.eval, self.cfg.algorithm
+            ev = self.cfg.eval
             return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,
-                                              ev.personalized_lr or getattr(a, "personal_lr", None) or a.lr)
+                                              ev.personalized_lr or self.algorithm.adaptation_lr(), ev.adapt_on)
         began = time.perf_counter()
         out = self.algorithm.client_update(payloads, ctx)
         wall = time.perf_counter() - began
@@ -97,11 +99,12 @@ class ClientHost:
         return out
 
     def _unreliable(self, ids: np.ndarray, op: str) -> tuple:
-        """(participation, local steps, noise) of these clients under the unreliable-agent model; training only."""
+        """(participation, local steps, noise, normalized steps) of these clients under the
+        unreliable-agent model (ClientContext's fields); training only."""
         if op != "train":
-            return None, None, None
-        return (None if self.participation is None else self.participation[ids],
-                None if self.local_steps is None else self.local_steps[ids], self.noise)
+            return None, None, None, False
+        return (None if self.participation is None else Participation(self.participation[ids], self.per_round_coins),
+                None if self.local_steps is None else self.local_steps[ids], self.noise, self.normalize_steps)
 
     def info(self) -> dict:
         """Where this host runs: its device and torch thread count."""

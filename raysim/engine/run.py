@@ -28,10 +28,13 @@ from raysim.metrics import ParquetLog
 ROUNDS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
     ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
-    ("personalized_accuracy", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
+    ("personalized_accuracy", pa.float64()), ("personalized_accuracy_mean", pa.float64()),
+    ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
     ("updates_per_second", pa.float64()), ("late", pa.int64()), ("dropped", pa.int64()),
     ("failed", pa.int64()), ("stale", pa.int64()),
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
+    ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
+    ("parameters", pa.list_(pa.float64())),  # eval.curvature: the global model's flat parameters (else null)
 ])
 EVENTS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
@@ -264,6 +267,8 @@ class Run:
             "client_updates": final.get("client_updates", self.report["applied"]), "tasks": self.tally.statuses,
             "final_test_accuracy": _null(last.get("test_accuracy")), "final_test_loss": _null(last.get("test_loss")),
             "final_personalized_accuracy": _null(last.get("personalized_accuracy")),
+            "final_personalized_accuracy_mean": _null(last.get("personalized_accuracy_mean")),
+            "final_personalized_accuracy_ci95": _null(last.get("personalized_accuracy_ci95")),
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
             "wall_seconds": time.perf_counter() - self.began,
             "steady_updates_per_second": self.tally.steady_rate(),

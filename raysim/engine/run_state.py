@@ -46,7 +46,7 @@ class RunState:
     version: int  # server model version (server steps taken)
     counter: int  # dispatches so far (seeds each task's random streams with the client id)
     applied: int  # client updates applied
-    last_eval: dict  # the latest evaluation: test_loss, test_accuracy, personalized_accuracy
+    last_eval: dict  # the latest evaluation: test loss and accuracy, personalized accuracies
     done: bool  # the run has ended
     driver: dict  # the driver's own state: plain content, see SyncDriver/AsyncDriver.snapshot
 

@@ -13,21 +13,34 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
+from scipy import stats
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
-from raysim.engine.evaluation import GlobalEvaluator, QuadraticEvaluator
+from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator
 from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
 from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
+from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
 
 MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten
+EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
+                "personalized_accuracy_ci95")
+
+
+def evaluated_clients(cfg, num_clients: int) -> np.ndarray:
+    """The clients personalized evaluation tests: all, or a seeded sample of ``eval.clients``
+    (the same at every evaluation), in id order."""
+    k = cfg.eval.clients
+    if k is None or k >= num_clients:
+        return np.arange(num_clients)
+    return np.sort(stream(cfg.seed, Purpose.EVAL_CLIENTS).choice(num_clients, k, replace=False))
 
 
 class Scheduler:
@@ -48,6 +61,9 @@ class Scheduler:
                                                                           cfg.runtime.torch_threads)
         self.quadratic = None if problem is None else QuadraticEvaluator(problem, self.algorithm.personalised,
                                                                                  initial)
+        self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
+            self.model, self.dataset, cfg.system.unreliable.weights == "uniform",
+            getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
         self.task_size = clients_per_task(cfg)
         self.state = self.algorithm.init(initial)
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
@@ -55,7 +71,8 @@ class Scheduler:
         self.clock = 0.0  # virtual seconds
         self.counter = 0  # dispatches so far: seeds each task's RNG together with the client id
         self.began = time.perf_counter()
-        self.last_eval = {"test_loss": math.nan, "test_accuracy": math.nan, "personalized_accuracy": math.nan}
+        self.last_eval = dict.fromkeys(EVAL_COLUMNS, math.nan)
+        self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
         self.applied = 0
         self.done = False
         self._rounds: list = []
@@ -177,8 +194,9 @@ class Scheduler:
             updates.states = {}
 
     def aggregation_weights(self, updates) -> np.ndarray:
-        """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``)."""
-        if self.cfg.system.unreliable.weights == "uniform":
+        """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``,
+        or an algorithm that averages without weights)."""
+        if self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted:
             return np.full(len(updates.client_ids), 1.0 / len(updates.client_ids))
         return updates.samples / updates.samples.sum()
 
@@ -194,22 +212,33 @@ class Scheduler:
     def evaluate_if_due(self, step: int, final: bool = False) -> dict:
         """Evaluate the global model when ``step`` is an evaluation step (or ``final``)."""
         every = self.cfg.eval.every
-        row = {"test_loss": math.nan, "test_accuracy": math.nan, "personalized_accuracy": math.nan}
+        row = dict.fromkeys(EVAL_COLUMNS, math.nan)
         if (final or (every > 0 and step % every == 0)) and self.evaluator is not None:
             row["test_loss"], row["test_accuracy"] = self.evaluator(self.algorithm.global_params(self.state))
-            row["personalized_accuracy"] = self._personalized_accuracy()
+            row.update(self._personalized())
             self.last_eval.update(row)
         return row
 
-    def _personalized_accuracy(self) -> float:
-        if self.cfg.eval.personalized_steps == 0 and self.cfg.eval.personalized_epochs == 0:
-            return math.nan
-        clients = np.arange(self.dataset.num_clients)
-        tasks = self.with_states(make_tasks("personalize", clients, self.train_sizes, 0, self.task_size,
+    def _personalized(self) -> dict:
+        """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``) and
+        tests on its own rows: pooled over test rows, and the mean over clients (those with test
+        rows) with its 95% confidence half-width (Student's t)."""
+        ev = self.cfg.eval
+        if ev.personalized_steps == 0 and ev.personalized_epochs == 0:
+            return {}
+        tasks = self.with_states(make_tasks("personalize", self.eval_clients, self.train_sizes, 0, self.task_size,
                                             self.version))
         results = run_tasks(self.runtime, self.payload_handle(), tasks, self.train_sizes)
-        rows = sum(int(p.test_rows.sum()) for p in results)
-        return sum(int(p.test_correct.sum()) for p in results) / rows if rows else math.nan
+        correct = np.concatenate([p.test_correct for p in results])
+        rows = np.concatenate([p.test_rows for p in results])
+        tested = rows > 0
+        if not tested.any():
+            return {}
+        accuracy = correct[tested] / rows[tested]
+        n = len(accuracy)
+        ci = (stats.t.ppf(0.975, n - 1) * accuracy.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        return {"personalized_accuracy": correct.sum() / rows.sum(), "personalized_accuracy_mean": accuracy.mean(),
+                "personalized_accuracy_ci95": ci}
 
     def log_round(self, updates, clients: int, samples: int, round_wall: float, eval_row: dict, **counts) -> None:
         """One rounds.parquet row for the server step just taken (missing values as nulls)."""
@@ -226,13 +255,18 @@ class Scheduler:
 
     def _diagnostics(self) -> dict:
         """rel_error, grad_norm_sq and loss_gap of the current server state: exact for quadratic
-        problems; otherwise the algorithm's own ‖F(θ)‖² estimate, if it keeps one."""
+        problems; otherwise the algorithm's own ‖F(θ)‖² estimate, if it keeps one. With
+        ``eval.curvature``, at the evaluation steps (every ``eval.every`` server steps and the last),
+        the exact objective, grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
         estimate = self.state.diagnostics.get("grad_norm_sq")
         row = {"rel_error": math.nan, "grad_norm_sq": math.nan if estimate is None else float(estimate),
-               "loss_gap": math.nan}
+               "loss_gap": math.nan, "objective": math.nan, "hessian_min_eig": math.nan, "parameters": None}
         if self.quadratic is not None:
             row.update(self.quadratic(self.algorithm.global_params(self.state),
                                       self.algorithm.client_models(self.state, self.client_state)))
+        every = self.cfg.eval.every
+        if self.curvature is not None and (self.done or (every > 0 and self.version % every == 0)):
+            row.update(self.curvature(self.algorithm.global_params(self.state)))
         return row
 
     def _log_lost_tasks(self) -> None:

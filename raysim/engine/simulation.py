@@ -8,9 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from raysim.catalog import algorithm_keys
 from raysim.config import to_yaml
 from raysim.data import FederatedDataset, build_dataset
 from raysim.errors import ScenarioError
+from raysim.footprint import check_curvature, check_fits
 from raysim.metrics import OutputDir
 from raysim.system import SystemModel
 
@@ -33,19 +35,22 @@ class Prepared:
 
 def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | None = None) -> Prepared:
     """Everything that can fail on bad input: the memory estimate (:func:`raysim.footprint.check_fits`,
-    before anything big is allocated), data set, system model (trace files), output directory
-    (created and claimed for this run — see :meth:`OutputDir.claim` — unless ``create_output``
-    is false), then the model. :func:`run_scenario` releases the directory.
+    before anything big is allocated), data set (and the algorithm's checks against it), system
+    model (trace files), output directory (created and claimed for this run — see
+    :meth:`OutputDir.claim` — unless ``create_output`` is false), then the model.
+    :func:`run_scenario` releases the directory.
 
     ``meanwhile`` (``runtime.start``: Ray's start-up) runs in this thread once everything but
     the model has been checked, while a helper thread imports torch and builds the model:
     both take seconds, and Ray's start-up is mostly its daemons starting in their own
     processes. If the model is rejected, the error is raised after ``meanwhile`` returns.
     """
-    from raysim.footprint import check_fits
-
     check_fits(cfg)
     dataset = build_dataset(cfg.data, cfg.seed)
+    if isinstance(dataset, FederatedDataset):
+        check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
+        if check_data is not None:
+            check_data(cfg, dataset.train_sizes())
     k = cfg.execution.clients_per_round
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,
@@ -69,7 +74,10 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
 def _build_model(cfg, dataset) -> FlatModel:
     from raysim.models import build_model
 
-    return build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
+    model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
+    if cfg.eval.curvature:
+        check_curvature(model.size)  # a custom model's size is known only now
+    return model
 
 
 def run_scenario(cfg, prepared: Prepared, runtime: Runtime, progress=None, began: float | None = None,

@@ -1,6 +1,7 @@
-"""Model zoo: ``logreg``, ``mlp``, a small ``cnn`` and the ``quadratic`` model (θ, w), or a
-user's ``package.module:factory``, built deterministically from the seed, with the split of parameters into global θ and personal w
-(``model.personal``, see :mod:`raysim.models.split`)."""
+"""Model zoo: ``logreg``, ``mlp``, a small ``cnn``, the ``quadratic`` model (θ, w) and the saddle
+problem's ``bilinear`` model, or a user's ``package.module:factory``, built deterministically
+from the seed, with the split of parameters into global θ and personal w (``model.personal``,
+see :mod:`raysim.models.split`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from raysim.catalog import MODELS
 from raysim.errors import ScenarioError
+from raysim.models.bilinear import Bilinear
 from raysim.models.flat import FlatModel
 from raysim.models.split import add_adapters, personal_mask
 
@@ -35,14 +37,14 @@ def build_model(model_cfg, feature_shape: tuple, num_classes: int, seed: int) ->
     LoRA adapters added for ``model.personal: adapter``, and its personal mask set."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = _module(model_cfg, tuple(feature_shape), num_classes)
+        module = _module(model_cfg, tuple(feature_shape), num_classes, seed)
         if model_cfg.personal == "adapter":
             module = add_adapters(module, model_cfg.adapter_rank, model_cfg.adapter_layers)
     personal = model_cfg.personal
     return FlatModel(module, personal_mask(module, personal if isinstance(personal, str) else list(personal)))
 
 
-def _module(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
+def _module(cfg, feature_shape: tuple, num_classes: int, seed: int) -> nn.Module:
     if ":" in cfg.kind:
         return _custom(cfg, feature_shape, num_classes)
     if cfg.kind == "quadratic":
@@ -52,6 +54,8 @@ def _module(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
     if num_classes == 0:
         raise ScenarioError("model.kind", cfg.kind, "quadratic with data.kind=quadratic")
     num_features = math.prod(feature_shape)
+    if cfg.kind == "bilinear":
+        return Bilinear(num_features, cfg.init_scale, seed)
     if cfg.kind == "logreg":
         return nn.Sequential(nn.Flatten(), nn.Linear(num_features, num_classes))
     if cfg.kind == "mlp":

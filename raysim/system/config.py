@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from raysim.schema import key
+
 
 @dataclass
 class Tier:
@@ -76,13 +78,19 @@ class DistributionConfig:
 
 @dataclass
 class UnreliableConfig:
-    """Unreliable agents (FedAvg with unreliable agents): per-step participation, per-client local work, weights, noise."""
+    """Unreliable agents (FedAvg with unreliable agents): participation coins, per-client local work, weights,
+    noise, step normalisation."""
 
     participation: DistributionConfig = field(default_factory=DistributionConfig)  # delta_k in (0, 1]
+    coin: str = key("step", "step: one participation coin per local step; round: one coin per task decides all "
+                            "of the client's local steps (both scale a computed step by 1/delta_k)")
     local_steps: Optional[DistributionConfig] = None  # E_k; null: the algorithm's own setting
     weights: str = "samples"  # samples | uniform
     gradient_noise: str = "none"  # none | gaussian | laplace
     noise_scale: float = 0.0
+    normalize_steps: bool = key(False, "each client's local step size is lr / E_k, E_k its number of local steps "
+                                       "(the second-order-guarantees paper's mu·K·p_k / E_k with K·p_k = 1, as "
+                                       "with weights: uniform)")
 
 
 @dataclass
@@ -116,6 +124,8 @@ DISTRIBUTIONS: dict[str, str] = {
     "distribution.poisson": "Poisson(mean) per client, at least 1",
     "weights.samples": "aggregation weight p_k proportional to the client's training samples",
     "weights.uniform": "aggregation weight p_k = 1 / (number of updates)",
+    "coin.step": "one participation coin per local step",
+    "coin.round": "one participation coin per task, shared by all of the client's local steps",
     "gradient_noise.none": "no perturbation of local gradients",
     "gradient_noise.gaussian": "add N(0, noise_scale^2) to every coordinate of every local gradient",
     "gradient_noise.laplace": "add Laplace(0, noise_scale) to every coordinate of every local gradient",

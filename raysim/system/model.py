@@ -270,7 +270,8 @@ class SystemModel:
                    dropout=float(cfg.dropout), participation_mean=float(p["participation"].mean()),
                    local_steps_mean=(float(p["local_steps"].mean()) if cfg.unreliable.local_steps is not None
                                      else None),
-                   weights=cfg.unreliable.weights, gradient_noise=cfg.unreliable.gradient_noise)
+                   coin=cfg.unreliable.coin, weights=cfg.unreliable.weights,
+                   gradient_noise=cfg.unreliable.gradient_noise, normalize_steps=cfg.unreliable.normalize_steps)
         return out
 
 

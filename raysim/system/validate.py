@@ -131,6 +131,7 @@ def validate_system(system_cfg, num_clients: int | None) -> None:
 
     u = system_cfg.unreliable
     _participation("system.unreliable.participation", u.participation)
+    _one_of("system.unreliable.coin", u.coin, kinds("coin"))
     if u.local_steps is not None:
         _local_steps("system.unreliable.local_steps", u.local_steps)
     _one_of("system.unreliable.weights", u.weights, kinds("weights"))

@@ -1,0 +1,51 @@
+"""The strict-saddle problem of Vlaski, Rizk and Sayed, "Second-Order Guarantees in Federated
+Learning": binary labels γ ∈ {−1, +1} and features h ∈ R^d, fitted by the bilinear model
+(``model.kind: bilinear``) with the loss Q = log(1 + exp(−γ·w₁ᵀW₂h)), whose origin is a strict
+saddle of the ridge-regularised risk.
+
+Client k has its own mean m_k ~ U[0.5, 1.5] and rows h = γ·m_k·u + N(0, I_d), γ uniform on
+{−1, +1}, with u = (1, …, 1)/√d (the same unit vector for every client). A label γ is stored as
+the class (γ + 1)/2, so that the softmax cross-entropy of the logits [0, w₁ᵀW₂h] is Q.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim.data._checks import check_count, check_num_clients, check_test_fraction
+from raysim.data.federated import FederatedDataset
+from raysim.streams import Purpose, stream
+
+MEAN_LOW, MEAN_HIGH = 0.5, 1.5  # m_k ~ U[MEAN_LOW, MEAN_HIGH]
+
+
+def saddle_test_rows(samples_per_client: int, test_fraction: float) -> int:
+    """Test rows per client: as many as make ``test_fraction`` of the client's rows, next to its
+    ``samples_per_client`` training rows."""
+    return round(samples_per_client * test_fraction / (1.0 - test_fraction))
+
+
+def saddle(num_clients: int, samples_per_client: int, dim: int, test_fraction: float, seed: int) -> FederatedDataset:
+    """Saddle data (see the module doc): ``samples_per_client`` training rows per client, then
+    :func:`saddle_test_rows` test rows from the same law.
+
+    Client ``k`` draws from the stream ``(Purpose.SADDLE_CLIENT, k)``, in order: ``m_k``, the
+    signs γ of its rows (train then test), then the ``[rows, dim]`` Gaussian noise. A client's
+    rows do not depend on how many clients there are.
+    """
+    num_clients = check_num_clients(num_clients)
+    n_train = check_count("data.samples_per_client", samples_per_client, 1)
+    dim = check_count("data.dim", dim, 1)
+    n_test = saddle_test_rows(n_train, check_test_fraction(test_fraction))
+    n = n_train + n_test
+    direction = np.full(dim, 1.0 / np.sqrt(dim))
+    x = np.empty((num_clients, n, dim))
+    y = np.empty((num_clients, n), dtype=np.int64)
+    for k in range(num_clients):
+        rng = stream(seed, Purpose.SADDLE_CLIENT, k)
+        mean = rng.uniform(MEAN_LOW, MEAN_HIGH)
+        gamma = rng.choice([-1.0, 1.0], size=n)
+        x[k] = (gamma * mean)[:, None] * direction + rng.standard_normal((n, dim))
+        y[k] = (gamma > 0).astype(np.int64)
+    return FederatedDataset.from_sorted(x.reshape(-1, dim), y.reshape(-1), np.full(num_clients, n_train),
+                                        np.full(num_clients, n_test), 2, (dim,))
