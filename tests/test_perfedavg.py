@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from conftest import small_scenario
 from omegaconf import OmegaConf
 from scipy import stats
+from test_bad_input import cli, one_error_line
 
 from raysim.algorithms import AlgorithmEnv, ClientContext, RowData
 from raysim.algorithms.keys import PerFedAvgKeys
@@ -193,10 +194,16 @@ SCENARIO = "scenarios/paper/perfedavg/perfedavg.yaml"
      "eval.adapt_on = 'test': expected no setting (it applies only with eval.personalized_steps > 0 or "
      "eval.personalized_epochs > 0 (here both are 0))"),
 ])
-def test_bad_input_is_one_line_before_ray_starts(capsys, tmp_path, overrides, line):
+def test_bad_input_is_one_line(capsys, tmp_path, overrides, line):
     from raysim.cli import main
 
-    assert main(["run", SCENARIO, f"output.dir={tmp_path}/out", *overrides]) == 2
-    err = capsys.readouterr().err
-    assert err == f"error: {line}\n"
+    assert main(["validate", SCENARIO, f"output.dir={tmp_path}/out", *overrides]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+
+
+def test_a_batch_larger_than_a_client_is_refused_before_ray_starts(tmp_path):
+    proc = cli("run", SCENARIO, f"output.dir={tmp_path}/out", "algorithm.outer_batch_size=26")
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc.stderr) == ("error: algorithm.outer_batch_size = 26: expected at most 25, the training "
+                                           "rows of client 10 (10 of 20 clients have fewer than 26)")
     assert not (tmp_path / "out").exists()

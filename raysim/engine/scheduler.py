@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
-from scipy import stats
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
@@ -234,6 +233,8 @@ class Scheduler:
         tested = rows > 0
         if not tested.any():
             return {}
+        from scipy import stats  # only runs with personalized evaluation pay for its import
+
         accuracy = correct[tested] / rows[tested]
         n = len(accuracy)
         ci = (stats.t.ppf(0.975, n - 1) * accuracy.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan

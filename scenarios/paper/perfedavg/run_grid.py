@@ -6,9 +6,10 @@
 ``run`` executes every (row, method, seed) in this one process, skipping runs whose
 ``summary.json`` exists; ``--shard I/N`` keeps every N-th run from I, so N processes share the
 grid. Each run is ``raysim run`` of perfedavg.yaml or fedavg_update.yaml with the row's overrides
-(printed before it starts). ``summarize`` prints the Markdown tables of README.md: the mean over
-seeds of the final personalized accuracy (mean over users) with two 95% half-widths, over users
-(the mean of the runs' own) and over seeds; and plots accuracy against rounds per row.
+(printed before it starts). ``summarize`` prints the Markdown tables of README.md: per cell, the
+mean over seeds of the final personalized accuracy (itself a mean over users), its 95% half-widths
+over users (the mean of the runs' own) and over seeds (Student's t), and the number of seeds;
+and plots that accuracy against rounds per row.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _finished(run: Path) -> bool:
+    summary = run / "summary.json"
+    return summary.exists() and json.loads(summary.read_text())["status"] == "completed"
+
+
 def _final(row: str, method: str, seeds) -> tuple[list, list]:
     """The final rounds row's mean personalized accuracy and its half-width over users, per seed found."""
     import pyarrow.parquet as pq
@@ -88,7 +94,7 @@ def _final(row: str, method: str, seeds) -> tuple[list, list]:
     means, halves = [], []
     for seed in seeds:
         path = RESULTS / row / method / f"seed{seed}" / "rounds.parquet"
-        if path.exists():
+        if _finished(path.parent):
             last = pq.read_table(path, columns=["personalized_accuracy_mean", "personalized_accuracy_ci95"]
                                  ).to_pylist()[-1]
             means.append(last["personalized_accuracy_mean"])
@@ -102,17 +108,18 @@ def _cell(means: list, halves: list) -> str:
     if not means:
         return "—"
     m = 100 * np.mean(means)
-    over_seeds = 100 * stats.t.ppf(0.975, len(means) - 1) * np.std(means, ddof=1) / math.sqrt(len(means)) \
-        if len(means) > 1 else math.nan
-    return f"{m:.1f} ± {100 * np.mean(halves):.1f} / ± {over_seeds:.1f}"
+    if len(means) < 2:
+        return f"{m:.1f} ± {100 * np.mean(halves):.1f} / — (1)"
+    over_seeds = 100 * stats.t.ppf(0.975, len(means) - 1) * np.std(means, ddof=1) / math.sqrt(len(means))
+    return f"{m:.1f} ± {100 * np.mean(halves):.1f} / ± {over_seeds:.1f} ({len(means)})"
 
 
 def cmd_summarize(args) -> int:
-    print("| row | " + " | ".join(LABEL[m] for m in METHODS) + " | seeds |")
-    print("|---|" + "---|" * (len(METHODS) + 1))
+    print("| row | " + " | ".join(LABEL[m] for m in METHODS) + " |")
+    print("|---|" + "---|" * len(METHODS))
     for row, (label, *_) in ROWS.items():
         cells = [_final(row, m, args.seeds) for m in METHODS]
-        print(f"| {label} | " + " | ".join(_cell(*c) for c in cells) + f" | {len(cells[0][0])} |")
+        print(f"| {label} | " + " | ".join(_cell(*c) for c in cells) + " |")
     print("\nThe paper's Table 1 (%), FedAvg + update / FO / HF:")
     for row, (data, values) in PAPER.items():
         print(f"| {ROWS[row][0]} | {data} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
@@ -135,7 +142,7 @@ def _plot(args) -> None:
             curves = []
             for seed in args.seeds:
                 path = RESULTS / row / method / f"seed{seed}" / "rounds.parquet"
-                if path.exists():
+                if _finished(path.parent):
                     t = pq.read_table(path, columns=["round", "personalized_accuracy_mean"]).to_pandas().dropna()
                     curves.append(t.set_index("round")["personalized_accuracy_mean"])
             if curves:
