@@ -24,6 +24,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.jobs import job_address
+from raysim.engine.interrupts import deferred_signals
 from raysim.errors import RunError, ScenarioError, SchedulerLost  # SchedulerLost: what RemoteScheduler raises
 
 ACTOR_REPLACEMENTS = 3  # a ClientActor that dies is replaced (and its calls sent again) at most this many times
@@ -247,7 +248,9 @@ class RayRuntime:
         else:
             options = dict(address=address)
         try:
-            with _signal_handlers_kept():
+            # Ctrl-C waits for ray.init to return: raised inside it, KeyboardInterrupt can leave a
+            # lock of the logging module held, and the clean-up below then hangs on it
+            with _signal_handlers_kept(), deferred_signals():
                 ray.init(**options, logging_level=logging.WARNING)
         except BaseException:  # e.g. Ctrl-C: end what ray.init had started
             with contextlib.suppress(Exception):
