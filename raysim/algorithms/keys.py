@@ -290,18 +290,23 @@ class PerFedAvgKeys(StepKeys):
 
     @staticmethod
     def check_data(cfg, train_sizes) -> None:
-        a = cfg.algorithm
-        outer = a.outer_batch_size or a.batch_size
-        batches = {"algorithm.batch_size": a.batch_size, "algorithm.outer_batch_size": outer}
-        if a.variant != "fo":
-            batches["algorithm.hessian_batch_size"] = a.hessian_batch_size or outer
         fewest = int(np.argmin(train_sizes))  # the first client with the fewest training rows
-        for path, size in batches.items():
+        for name, size in perfedavg_batches(cfg.algorithm).items():
             if train_sizes[fewest] < size:
                 short = int((train_sizes < size).sum())
-                raise ScenarioError(path, size, f"at most {int(train_sizes[fewest])}, the training rows of client "
+                raise ScenarioError(f"algorithm.{name}", size, f"at most {int(train_sizes[fewest])}, the training rows of client "
                                                 f"{fewest} ({short} of {len(train_sizes)} clients have fewer than "
                                                 f"{size})")
+
+
+def perfedavg_batches(a) -> dict:
+    """Per-FedAvg's batch sizes by key (``a``: its keys): D, D′ (null: D) and, unless the variant
+    is fo, D″ (null: D′)."""
+    outer = a.outer_batch_size or a.batch_size
+    batches = {"batch_size": a.batch_size, "outer_batch_size": outer}
+    if a.variant != "fo":
+        batches["hessian_batch_size"] = a.hessian_batch_size or outer
+    return batches
 
 
 def require_local_steps(cfg, why: str) -> None:

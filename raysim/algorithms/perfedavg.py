@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates
-from raysim.algorithms.keys import PerFedAvgKeys
+from raysim.algorithms.keys import PerFedAvgKeys, perfedavg_batches
 from raysim.algorithms.local import local_train
 
 
@@ -63,10 +63,8 @@ class PerFedAvg(Algorithm):
 
     def batch_sizes(self) -> list:
         """The batch of each gradient evaluation of a local step (D, D′, then D″ once or twice)."""
-        cfg = self.cfg
-        outer = cfg.outer_batch_size or cfg.batch_size
-        curvature = cfg.hessian_batch_size or outer
-        return [cfg.batch_size, outer] + {"fo": [], "hvp": [curvature], "hf": [curvature, curvature]}[cfg.variant]
+        sizes = list(perfedavg_batches(self.cfg).values())
+        return sizes + sizes[2:] if self.cfg.variant == "hf" else sizes
 
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
         cfg = self.cfg
