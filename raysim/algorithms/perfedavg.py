@@ -69,12 +69,12 @@ class PerFedAvg(Algorithm):
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:
         cfg = self.cfg
         start = ctx.start(payloads)
-        inner, outer, *curvature = self.batch_sizes()  # hf evaluates twice on one S″ batch
-        plans = [ctx.plan(cfg.local_steps, inner)]  # S: drawn first, with the straggler coins
-        plans += [ctx.plan(cfg.local_steps, size, coins=False) for size in [outer] + curvature[:1]]
-        oracles = [ctx.oracle(plan) for plan in plans]
-        oracle = MetaGradientOracle(oracles[0], oracles[1], oracles[2] if curvature else None, cfg.inner_lr,
-                                    cfg.variant, cfg.hessian_delta)
+        # S, S′ (and S″, which hf evaluates twice): S is drawn first, with the straggler coins
+        oracles = [ctx.oracle(ctx.plan(cfg.local_steps, size, coins=i == 0))
+                   for i, size in enumerate(perfedavg_batches(cfg).values())]
+        inner, outer, *curvature = oracles
+        oracle = MetaGradientOracle(inner, outer, curvature[0] if curvature else None, cfg.inner_lr, cfg.variant,
+                                    cfg.hessian_delta)
         step = ctx.transform(oracle.plan, self.local_lr(), weight_decay=cfg.weight_decay,
                              max_grad_norm=cfg.max_grad_norm)
         result = local_train(start, oracle, step)
