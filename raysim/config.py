@@ -21,9 +21,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from raysim.errors import ScenarioError
-from raysim.schema import (INT64_MAX, check_numbers, check_values, inapplicable, key, non_negative, non_negative_int,
-                           one_of, positive, positive_int, when)
-from raysim.system.config import SystemConfig
+from raysim.algorithms.keys import check_aggregator
+from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, key, non_negative,
+                           non_negative_int, one_of, positive, positive_int, when)
+from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                    ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
@@ -548,6 +549,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
            f"an integer in [1, {MAX_TORCH_THREADS}]")
 
     validate_system(cfg.system, None if d.kind == "parquet" else d.num_clients)
+    _check_byzantine(cfg)
 
     v = cfg.eval
     _non_negative("eval.every", v.every)
@@ -567,7 +569,22 @@ def validate(cfg: DictConfig, explicit=()) -> None:
             value = OmegaConf.select(cfg, path)
             raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
                                 f"no setting ({why})")
+    if field_of(keys, "aggregator") is not None:
+        check_aggregator(cfg)
     keys.check(cfg)
+
+
+def _check_byzantine(cfg: DictConfig) -> None:
+    """The Byzantine attack fits the data and the execution mode."""
+    b, e = cfg.system.byzantine, cfg.execution
+    if b.attack == "label_flip":
+        _check(cfg.data.kind != "quadratic", "system.byzantine.attack", b.attack,
+               "an update attack (sign_flip, gaussian, nan, alie, ipm) with data.kind=quadratic (its clients "
+               "have no labels to flip)")
+    if b.attack in OMNISCIENT_ATTACKS and e.mode == "async" and e.aggregation == "fedasync":
+        _check(b.window is not None, "system.byzantine.window", b.window,
+               f"a positive number of honest updates for attack {b.attack} under execution.aggregation=fedasync "
+               "(a step holds one update: the attack sees the last `window` honest ones)")
 
 
 def scenario_object(container: dict) -> Scenario:

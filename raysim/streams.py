@@ -44,6 +44,8 @@ class Purpose(IntEnum):
     EVAL_CLIENTS = 17  # (): the sample of clients that personalized evaluation tests (eval.clients)
     SADDLE_CLIENT = 18  # (client,): a saddle-data client's mean m_k and rows
     BILINEAR_INIT = 19  # (): the bilinear model's initial parameters
+    BYZANTINE_ATTACK = 20  # (server step,): the gaussian attack's vectors of that step
+    BUCKETING = 21  # (server step,): the random permutation of bucketing at that step
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

@@ -87,6 +87,18 @@ MODES = {
                           "system.unreliable.gradient_noise=gaussian", "system.unreliable.noise_scale=0.01",
                           "eval.curvature=true", "execution.rounds=4", "execution.clients_per_round=20",
                           "runtime.clients_per_task=3"],
+    "byzantine_alie_krum_buckets": ["system.byzantine.fraction=0.2", "system.byzantine.attack=alie",
+                                    "algorithm.aggregator=krum", "algorithm.bucket_size=2", "execution.rounds=4",
+                                    "execution.clients_per_round=20", "runtime.clients_per_task=3"],
+    "byzantine_label_flip_fedbuff": STRAGGLERS + ["system.byzantine.fraction=0.2",
+                                                  "system.byzantine.attack=label_flip",
+                                                  "algorithm.aggregator=centered_clipping", "algorithm.bucket_size=2",
+                                                  "execution.mode=async", "execution.aggregation=fedbuff",
+                                                  "execution.buffer_size=6", "execution.concurrency=12",
+                                                  "execution.max_updates=40"],
+    "byzantine_ipm_fedasync": STRAGGLERS + ["system.byzantine.fraction=0.3", "system.byzantine.attack=ipm",
+                                            "system.byzantine.window=5", "execution.mode=async",
+                                            "execution.concurrency=12", "execution.max_updates=40"],
 }
 
 

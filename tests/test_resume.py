@@ -30,6 +30,12 @@ CASES = {
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
                              "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
     "scaffold": ["algorithm.name=scaffold", "execution.rounds=8", "execution.clients_per_round=6"],
+    "byzantine_fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=40",
+                                        "system.byzantine.fraction=0.3", "system.byzantine.attack=alie",
+                                        "system.byzantine.window=4", "eval.every=5"],
+    "byzantine_buckets": ["execution.rounds=8", "execution.clients_per_round=6", "system.byzantine.fraction=0.2",
+                          "system.byzantine.attack=gaussian", "algorithm.aggregator=centered_clipping",
+                          "algorithm.bucket_size=2", "algorithm.client_momentum=0.9"],
 }
 WALL_COLUMNS = {"rounds.parquet": {"wall_time", "updates_per_second"},
                 "events.parquet": {"compute_seconds", "actor", "node"}}

@@ -7,7 +7,8 @@ In the style of FedJAX's ``FederatedAlgorithm`` and optax's transforms, an algor
     client_update(payloads, ctx)       -> ClientUpdates of a task's clients (vectorized); payloads[c]
                                           is what client c received (asynchronous clients of one task
                                           may start from different model versions)
-    server_update(state, updates, w)   -> the next ServerState: aggregate the updates, let the
+    server_update(state, updates, w)   -> the next ServerState: aggregate the updates (the mean, or
+                                          a robust rule: :mod:`.aggregation`), let the
                                           algorithm turn the aggregate into a direction
                                           (:meth:`Algorithm.server_direction`), apply the server
                                           optimizer (:mod:`raysim.algorithms.server_optimizers`)
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from raysim.algorithms import server_optimizers, transforms
-from raysim.algorithms.aggregators import weighted_mean
+from raysim.algorithms.aggregation import ServerAggregator
 from raysim.algorithms.keys import FedAvgKeys
 from raysim.algorithms.local import LocalResult, local_train
 from raysim.algorithms.oracles import (Participation, QuadraticOracle, RowOracle, StepPlan, counted_plan,
@@ -46,13 +47,15 @@ from raysim.algorithms.oracles import (Participation, QuadraticOracle, RowOracle
 @dataclass
 class ServerState:
     """Everything the server keeps: the model, the server optimizer's state, the algorithm's own
-    state (SCAFFOLD's control variate, FedDyn's h, round counters) and the diagnostics of the
-    last step (logged in rounds.parquet). Tensors and floats only: it saves and loads whole."""
+    state (SCAFFOLD's control variate, FedDyn's h, round counters), the diagnostics of the
+    last step (logged in rounds.parquet) and the aggregation rule's state (its step count, centered
+    clipping's previous aggregate). Tensors and numbers only: it saves and loads whole."""
 
     params: torch.Tensor
     opt: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     diagnostics: dict = field(default_factory=dict)
+    aggregation: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -127,14 +130,15 @@ class RowData:
 class AlgorithmEnv:
     """What an algorithm is built with besides its keys: the model (a FlatModel with its
     personal/global split) and the scenario's ``model`` section, the number of registered
-    clients, the seed, and the quadratic problem when the data set is one (its smoothness
-    constants set step sizes)."""
+    clients, the seed, the quadratic problem when the data set is one (its smoothness
+    constants set step sizes) and the share of Byzantine clients (Krum's default f)."""
 
     model: object
     model_cfg: object
     num_clients: int
     seed: int
     problem: object = None
+    byzantine_share: float = 0.0
 
     @property
     def quadratic(self) -> bool:
@@ -156,6 +160,7 @@ class ClientContext:
     noise: tuple | None = None  # (kind, scale): perturbation of local gradients
     normalize_steps: bool = False  # each client's step size is lr / (its number of local steps)
     states: list | None = None  # [C] each client's kept state (a dict of tensors, or None on a first visit)
+    label_flip: tuple | None = None  # (flipped [C] bool tensor, classes): Byzantine clients that train on flipped labels
 
     @property
     def quadratic(self) -> bool:
@@ -192,7 +197,7 @@ class ClientContext:
         if self.quadratic:
             return QuadraticOracle(self.data, self.client_ids, plan)
         return RowOracle(self.model, self.data.features, self.data.labels, self.data.offsets[self.client_ids],
-                         plan, self.device)
+                         plan, self.device, self.label_flip)
 
     def transform(self, plan: StepPlan, lr, *terms: transforms.ClientTransform, weight_decay: float = 0.0,
                   max_grad_norm: float | None = None, only: torch.Tensor | None = None) -> transforms.ClientTransform:
@@ -262,6 +267,11 @@ class Algorithm:
     # ------------------------------------------------------------------ server
 
     @functools.cached_property
+    def aggregator(self) -> ServerAggregator:
+        """The server's aggregation rule (``algorithm.aggregator``; the weighted mean without that key)."""
+        return ServerAggregator(self.cfg, self.env.seed, self.env.byzantine_share)
+
+    @functools.cached_property
     def server_optimizer(self) -> server_optimizers.ServerOptimizer:
         """Built on first use, on the server only (its step size may need the problem's constants)."""
         return self.make_server_optimizer()
@@ -315,7 +325,7 @@ class Algorithm:
     def server_update(self, state: ServerState, updates: ClientUpdates, weights: np.ndarray) -> ServerState:
         """One server step: aggregate (client-id order, float64), direction, optimizer, θ ← θ − step."""
         index, optimizer = self.server_rule(state)
-        aggregate = weighted_mean(updates.vector, weights)
+        aggregate, aggregation = self.aggregator(updates.vector, weights, state.aggregation)
         direction, extra, diagnostics = self.server_direction(state, aggregate, updates, weights)
         step, opt = optimizer.update(direction, state.opt)
         params = state.params.double()
@@ -324,7 +334,7 @@ class Algorithm:
         else:
             params = params.clone()
             params[index] -= step
-        return ServerState(params.to(state.params.dtype), opt, extra, diagnostics)
+        return ServerState(params.to(state.params.dtype), opt, extra, diagnostics, aggregation)
 
     def global_params(self, state: ServerState) -> torch.Tensor:
         """The flat parameters to evaluate and save."""

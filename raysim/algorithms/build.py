@@ -9,5 +9,7 @@ from raysim.catalog import algorithm_class
 def make_algorithm(scenario, model, problem=None, num_clients: int = 0) -> Algorithm:
     """The algorithm that ``scenario.algorithm.name`` names (already validated), for the
     scenario's model (a FlatModel with its split), QuadraticProblem (if any) and number of clients."""
-    env = AlgorithmEnv(model, scenario.model, num_clients, scenario.seed, problem)
+    byzantine = scenario.system.byzantine
+    share = len(byzantine.clients) / num_clients if byzantine.clients is not None and num_clients else byzantine.fraction
+    env = AlgorithmEnv(model, scenario.model, num_clients, scenario.seed, problem, share)
     return algorithm_class(scenario.algorithm.name)(scenario.algorithm, env)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.algorithms.aggregators import weighted_mean
+from raysim.aggregators import weighted_mean
 from raysim.algorithms.base import ClientContext, ClientUpdates
 from raysim.algorithms.fedavg import FedAvg
 from raysim.algorithms.keys import FedDynKeys

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms import server_optimizers
-from raysim.algorithms.aggregators import weighted_mean
+from raysim.aggregators import weighted_mean
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, ServerState
 from raysim.algorithms.keys import FFGGKeys, LocalFFGGKeys
 from raysim.algorithms.local import local_train

@@ -13,7 +13,7 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -24,6 +24,20 @@ from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, o
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 ADAPTIVE = ("adam", "yogi", "adagrad")
 ROW_DATA = when("data.kind", "quadratic", negate=True)  # clients hold rows (minibatches exist)
+AGGREGATOR_DOCS = {  # the names of raysim.aggregators.AGGREGATORS (torch-free here), for raysim list
+    "mean": "weighted mean of the updates (FedAvg)",
+    "median": "coordinate-wise median (Yin et al. 2018)",
+    "trimmed_mean": "coordinate-wise mean without the trim·n largest and smallest values (Yin et al. 2018); key trim",
+    "krum": "the update closest to its n - f - 2 nearest neighbours (Blanchard et al. 2017); key byzantine_f",
+    "multi_krum": "mean of the m updates with the best Krum scores (Blanchard et al. 2017); keys byzantine_f, krum_m",
+    "geometric_median": "smoothed Weiszfeld geometric median, RFA (Pillutla et al. 2022); keys gm_nu, gm_iterations",
+    "centered_clipping": "clipped steps around the previous aggregate (Karimireddy et al. 2021); keys clip_radius, "
+                         "clip_iterations",
+    "bulyan": "Krum selection, then a coordinate-wise trimmed mean around the median (El Mhamdi et al. 2018); key "
+              "byzantine_f",
+}
+AGGREGATOR_NAMES = tuple(AGGREGATOR_DOCS)
+KRUM_FAMILY = ("krum", "multi_krum", "bulyan")
 betas = Check(lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)")
 
@@ -111,8 +125,84 @@ class QuadraticUnitKeys:
                        when=when("data.kind", "quadratic"))
 
 
+def _aggregator(*names: str):
+    return when("aggregator", *names)
+
+
 @dataclass
-class FedAvgKeys(ServerKeys, MinibatchKeys):
+class AggregatorKeys:
+    """How the server reduces a step's updates (a synchronous round, a FedBuff buffer): the plain
+    mean or a robust rule, optionally on the means of random buckets of updates."""
+
+    aggregator: str = key("mean", "mean | median | trimmed_mean | krum | multi_krum | geometric_median | "
+                                  "centered_clipping | bulyan (raysim list), or package.module:function")
+    bucket_size: int = key(1, "s: average random buckets of s updates, then aggregate the bucket means "
+                              "(1: no bucketing)", check=positive_int)
+    trim: float = key(0.1, "trimmed_mean: beta, the share of values dropped at each end of every coordinate",
+                      check=Check(lambda v: 0 <= v < 0.5, "a share in [0, 0.5)"), when=_aggregator("trimmed_mean"))
+    byzantine_f: Optional[int] = key(None, "krum, multi_krum, bulyan: f, the Byzantine inputs the rule guards "
+                                           "against per step (null: the Byzantine share of the clients times the "
+                                           "step's inputs, rounded down)", check=non_negative_int,
+                                     when=_aggregator(*KRUM_FAMILY))
+    krum_m: Optional[int] = key(None, "multi_krum: m, the best-scored inputs averaged (null: n - f)",
+                                check=positive_int, when=_aggregator("multi_krum"))
+    gm_nu: float = key(1e-6, "geometric_median: nu, the smoothing of Weiszfeld's weights 1/max(nu, distance)",
+                       check=positive, when=_aggregator("geometric_median"))
+    gm_iterations: int = key(10, "geometric_median: Weiszfeld iterations at most", check=positive_int,
+                             when=_aggregator("geometric_median"))
+    clip_radius: float = key(1.0, "centered_clipping: tau, the clipping radius around the previous aggregate",
+                             check=positive, when=_aggregator("centered_clipping"))
+    clip_iterations: int = key(1, "centered_clipping: clipping iterations per step", check=positive_int,
+                               when=_aggregator("centered_clipping"))
+    client_momentum: float = key(0.0, "beta: each client sends its momentum m <- beta*m + (1 - beta)*update (m "
+                                      "kept per client from 0, as Karimireddy et al. pair with centered clipping); "
+                                      "0: the update itself", check=unit_interval)
+    aggregator_options: Dict[str, Any] = key(doc="a custom aggregator's keyword arguments", factory=dict,
+                                             when=when("aggregator", *AGGREGATOR_NAMES, negate=True))
+
+
+def check_aggregator(cfg) -> None:
+    """The aggregator exists, and Krum, multi-Krum and Bulyan have enough inputs for their f and m
+    in a full step (``clients_per_round`` updates, or ``buffer_size`` under FedBuff, divided into
+    buckets)."""
+    a, e, b = cfg.algorithm, cfg.execution, cfg.system.byzantine
+    if ":" in a.aggregator:
+        from raysim.catalog import import_object
+
+        if not callable(import_object("algorithm.aggregator", a.aggregator, "an aggregator function")):
+            raise ScenarioError("algorithm.aggregator", a.aggregator, "a function (updates, weights, **options)")
+        return
+    if a.aggregator not in AGGREGATOR_NAMES:
+        raise ScenarioError("algorithm.aggregator", a.aggregator,
+                            "one of " + ", ".join(sorted(AGGREGATOR_NAMES)) + ", or package.module:function")
+    if a.aggregator not in KRUM_FAMILY:
+        return
+    if e.mode == "sync":
+        inputs, where = e.clients_per_round, f"execution.clients_per_round={e.clients_per_round}"
+    elif e.aggregation == "fedbuff":
+        inputs, where = e.buffer_size, f"execution.buffer_size={e.buffer_size}"
+    else:
+        inputs, where = 1, "execution.aggregation=fedasync (one update per step)"
+    n = -(-inputs // a.bucket_size)
+    if a.bucket_size > 1:
+        where += f" in buckets of algorithm.bucket_size={a.bucket_size}"
+    share = len(b.clients) / cfg.data.num_clients if b.clients is not None else b.fraction
+    f = a.byzantine_f if a.byzantine_f is not None else int(share * n)
+    key_f = "algorithm.byzantine_f"
+    if a.aggregator == "bulyan" and n < 4 * f + 3:
+        raise ScenarioError(key_f, f, f"at most {(n - 3) // 4} for bulyan with n={n} inputs ({where}): it needs "
+                                      f"n >= 4f + 3" if n >= 3 else f"a step of at least 3 inputs for bulyan "
+                                                                    f"(n={n}: {where})")
+    if a.aggregator != "bulyan" and n - f < 3:
+        raise ScenarioError(key_f, f, f"at most {n - 3} for {a.aggregator} with n={n} inputs ({where}): n - f "
+                                      f"leaves fewer than three candidates" if n >= 3 else
+                            f"a step of at least 3 inputs for {a.aggregator} (n={n}: {where})")
+    if a.aggregator == "multi_krum" and a.krum_m is not None and a.krum_m > n - f:
+        raise ScenarioError("algorithm.krum_m", a.krum_m, f"at most n - f = {n - f} (n={n} inputs: {where}; f={f})")
+
+
+@dataclass
+class FedAvgKeys(AggregatorKeys, ServerKeys, MinibatchKeys):
     """FedAvg: local minibatch SGD, weighted averaging, then any server optimizer (server_optimizer)."""
 
 
@@ -159,7 +249,7 @@ class FedProxKeys(FedAvgKeys):
 
 
 @dataclass
-class LocalGDKeys(QuadraticUnitKeys, ServerKeys, StepKeys):
+class LocalGDKeys(AggregatorKeys, QuadraticUnitKeys, ServerKeys, StepKeys):
     """Local GD: full-batch gradient steps."""
 
     @staticmethod
@@ -181,7 +271,7 @@ class FedDynKeys(ServerLrKeys, MinibatchKeys):
 
 
 @dataclass
-class FedACGKeys(ServerLrKeys, MinibatchKeys):
+class FedACGKeys(AggregatorKeys, ServerLrKeys, MinibatchKeys):
     """FedACG: server momentum, a lookahead broadcast and a proximal pull toward it."""
 
     acg_lambda: float = key(0.85, "λ: server momentum m ← λ·m + Δ and lookahead θ + λ·m sent to clients",
@@ -192,7 +282,7 @@ class FedACGKeys(ServerLrKeys, MinibatchKeys):
 
 
 @dataclass
-class FFGGKeys(QuadraticUnitKeys, ServerKeys, MinibatchKeys):
+class FFGGKeys(AggregatorKeys, QuadraticUnitKeys, ServerKeys, MinibatchKeys):
     """FFGG: fine-tune the personal part, send the partial gradient of the global part."""
 
     personal_lr: Optional[float] = key(None, "γ_w, the step on the personal part (null: lr)", check=positive)
@@ -270,7 +360,7 @@ PERFEDAVG_VARIANTS = ("fo", "hf", "hvp")
 
 
 @dataclass
-class PerFedAvgKeys(StepKeys):
+class PerFedAvgKeys(AggregatorKeys, StepKeys):
     """Per-FedAvg: local steps on the one-step-adapted loss f(v − α∇f(v)); variants fo, hf, hvp."""
 
     lr: float = key(0.001, "β, the local (outer) step size", check=positive)

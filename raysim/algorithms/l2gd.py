@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.algorithms.aggregators import weighted_mean
+from raysim.aggregators import weighted_mean
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, ServerState
 from raysim.algorithms.keys import L2GDKeys
 from raysim.algorithms.local import local_train

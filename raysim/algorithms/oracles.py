@@ -144,13 +144,15 @@ def per_client_loss(forward, params: torch.Tensor, x: torch.Tensor, y: torch.Ten
 
 class RowOracle:
     """Cross-entropy gradients of clients whose data are rows of ``features``/``labels``
-    (``offsets[c]`` = train start, test start, test end of client c). One backward pass of the
+    (``offsets[c]`` = train start, test start, test end of client c; with ``label_flip``, the
+    Byzantine label-flipping clients train on flipped labels). One backward pass of the
     summed per-client losses gives every client's own gradient, since client c's loss depends
     only on its own row of parameters."""
 
     def __init__(self, model, features: torch.Tensor, labels: torch.Tensor, offsets: np.ndarray,
-                 plan: StepPlan | None, device: torch.device):
+                 plan: StepPlan | None, device: torch.device, label_flip: tuple | None = None):
         self.model, self.features, self.labels, self.plan, self.device = model, features, labels, plan, device
+        self.label_flip = label_flip  # (flipped [C] bool, classes): those clients see labels y -> classes - 1 - y
         self.offsets = offsets
         self.forward = client_forward(model, len(offsets))
         self._rows = None if plan is None or plan.rows is None else (plan.rows.to(device), plan.mask.to(device))
@@ -168,7 +170,11 @@ class RowOracle:
             rows, mask = self._full
         else:
             rows, mask = self._rows[0][s], self._rows[1][s]
-        return self.features[rows], self.labels[rows], mask
+        labels = self.labels[rows]
+        if self.label_flip is not None:
+            flipped, classes = self.label_flip
+            labels = torch.where(flipped.to(self.device)[:, None], classes - 1 - labels, labels)
+        return self.features[rows], labels, mask
 
     def _loss(self, leaf: torch.Tensor, s: int | None) -> torch.Tensor:
         x, y, mask = self._batch(s)

@@ -94,11 +94,19 @@ def run_async_bench(out: Path, repeat: int) -> dict:
 
 
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
-              asynchronous: bool = False, durability: bool = False, events: int = 1_000_000) -> int:
+              asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
+              aggregators: bool = False) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
-    and the ratios of the medians; writes bench.json in ``out_dir``."""
+    and the ratios of the medians; writes bench.json in ``out_dir``. ``durability``, ``asynchronous``
+    and ``aggregators`` run those benchmarks instead."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if aggregators:
+        from raysim.bench.aggregators import run_aggregator_bench
+
+        seconds = run_aggregator_bench(repeat=max(repeat, 3))
+        (out / "bench_aggregators.json").write_text(json.dumps(seconds, indent=2) + "\n")
+        return 0
     if durability:
         from raysim.bench.durability import run_durability_bench
 

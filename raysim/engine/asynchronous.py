@@ -155,7 +155,7 @@ class AsyncDriver:
 
     def _apply(self, event: Event, update: ClientUpdates, staleness: int) -> None:
         s = self.s
-        if update.first_nonfinite() is not None:
+        if s.judges_each_update and update.first_nonfinite() is not None:
             s.done = True
             self._log(event, update, "diverged", staleness)
             raise DivergenceError(
@@ -175,7 +175,11 @@ class AsyncDriver:
         updates = ClientUpdates.concat([u for u, _ in self.buffer])
         ids = np.concatenate([u.client_ids for u, _ in self.buffer])
         weights = np.array([w for _, w in self.buffer])[np.argsort(ids, kind="stable")] / len(self.buffer)
-        s.state = s.algorithm.server_update(s.state, updates, weights)
+        try:
+            s.server_step(updates, weights)
+        except DivergenceError:
+            s.done = True
+            raise
         s.version += 1
         self.buffer = []
         done = self._should_stop()

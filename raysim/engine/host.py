@@ -65,6 +65,7 @@ class ClientHost:
         self.noise = None if unreliable.gradient_noise == "none" else (unreliable.gradient_noise,
                                                                        unreliable.noise_scale)
         self.per_round_coins, self.normalize_steps = unreliable.coin == "round", unreliable.normalize_steps
+        self.flips_labels = profile["byzantine"] if cfg.system.byzantine.attack == "label_flip" else None
         if self.problem is not None:  # clients are rows of sufficient statistics, not of samples
             self.data = self.problem
             return
@@ -86,7 +87,8 @@ class ClientHost:
         purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
         ctx = ClientContext(ids, [stream(self.cfg.seed, purpose, int(c), n) for c, n in zip(ids, task.counters)],
                             self.model, self.data, self.device, *self._unreliable(ids, task.op),
-                            states=None if task.states is None else list(task.states))
+                            states=None if task.states is None else list(task.states),
+                            label_flip=self._label_flip(ids, task.op))
         if task.op == "personalize":
             ev = self.cfg.eval
             return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,
@@ -105,6 +107,12 @@ class ClientHost:
             return None, None, None, False
         return (None if self.participation is None else Participation(self.participation[ids], self.per_round_coins),
                 None if self.local_steps is None else self.local_steps[ids], self.noise, self.normalize_steps)
+
+    def _label_flip(self, ids: np.ndarray, op: str) -> tuple | None:
+        """ClientContext's ``label_flip`` when Byzantine clients of this task train on flipped labels."""
+        if op != "train" or self.flips_labels is None or not self.flips_labels[ids].any():
+            return None
+        return torch.from_numpy(self.flips_labels[ids]), self.dataset.num_classes
 
     def info(self) -> dict:
         """Where this host runs: its device and torch thread count."""

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
+import torch
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
@@ -22,11 +23,12 @@ from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator
 from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
-from raysim.errors import NoClientAvailable, RunError
+from raysim.errors import DivergenceError, NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
 from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
+from raysim.system.byzantine import Attack
 
 MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten
 EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
@@ -55,6 +57,10 @@ class Scheduler:
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
+        self.byzantine = self.system.profile["byzantine"]
+        self.attack = Attack(cfg.system.byzantine, cfg.seed)
+        self.honest_seen: list = []  # FedAsync under an omniscient attack: the last `window` honest updates
+        self.momentum: dict = {}  # client id -> its momentum of updates (algorithm.client_momentum)
         initial = self.model.initial_vector()
         self.evaluator = None if problem is not None else GlobalEvaluator(self.model, self.dataset,
                                                                           cfg.runtime.torch_threads)
@@ -123,7 +129,8 @@ class Scheduler:
         """Everything the run needs to continue, as one object (call it between :meth:`advance` calls)."""
         return RunState(server=self.state, client_state=dict(self.client_state), clock=float(self.clock),
                         version=self.version, counter=self.counter, applied=self.applied,
-                        last_eval=dict(self.last_eval), done=self.done, driver=self.driver.snapshot())
+                        last_eval=dict(self.last_eval), done=self.done, driver=self.driver.snapshot(),
+                        honest_seen=list(self.honest_seen), momentum=dict(self.momentum))
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
@@ -133,6 +140,7 @@ class Scheduler:
         self.state, self.client_state = state.server, dict(state.client_state)
         self.clock, self.version, self.counter, self.applied = state.clock, state.version, state.counter, state.applied
         self.last_eval, self.done = dict(state.last_eval), state.done
+        self.honest_seen, self.momentum = list(state.honest_seen), dict(state.momentum)
         self._rounds, self._events = [], []
         self._handles, self._payload = {}, (-1, None)
         self.driver.restore(state.driver)
@@ -191,6 +199,47 @@ class Scheduler:
             for i, c in enumerate(updates.client_ids.tolist()):
                 self.client_state[c] = {name: rows[i].clone() for name, rows in updates.states.items()}
             updates.states = {}
+
+    @property
+    def judges_each_update(self) -> bool:
+        """Whether a non-finite update stops the run (the mean aggregator); a robust aggregator may
+        absorb it, and only a non-finite model stops the run."""
+        return not self.algorithm.aggregator.robust
+
+    def server_step(self, updates, weights: np.ndarray) -> None:
+        """Apply ``updates`` (a round or a FedBuff buffer, client-id order) with ``weights``: each
+        client sends its momentum (``algorithm.client_momentum``), the Byzantine clients' rows are
+        replaced by what they send, then the algorithm's server update. Raises DivergenceError on a
+        non-finite Byzantine update (mean aggregator) or model."""
+        beta = getattr(self.cfg.algorithm, "client_momentum", 0.0)
+        if beta:
+            for i, c in enumerate(updates.client_ids.tolist()):
+                moved = (1 - beta) * updates.vector[i]
+                if c in self.momentum:
+                    moved += beta * self.momentum[c]
+                self.momentum[c] = moved
+            updates.vector = torch.stack([self.momentum[c] for c in updates.client_ids.tolist()])
+        byzantine = self.byzantine[updates.client_ids]
+        ex = self.cfg.execution
+        fedasync = ex.mode == "async" and ex.aggregation == "fedasync"
+        if byzantine.any() and self.attack.replaces_updates:
+            seen = torch.stack(self.honest_seen) if fedasync and self.attack.omniscient and self.honest_seen else None
+            updates.vector = self.attack(updates.vector, byzantine, self.version, seen)
+            bad = updates.first_nonfinite() if self.judges_each_update else None
+            if bad is not None:
+                raise DivergenceError(
+                    f"server step {self.version + 1}: Byzantine client {updates.client_ids[bad]} sent a non-finite "
+                    f"update (system.byzantine.attack={self.cfg.system.byzantine.attack}) and the mean cannot absorb "
+                    "it; choose a robust algorithm.aggregator (median, trimmed_mean, krum, ...)")
+        if fedasync and self.attack.omniscient and not byzantine.all():
+            honest = updates.vector[torch.from_numpy(np.flatnonzero(~byzantine))]
+            self.honest_seen = (self.honest_seen + list(honest))[-self.cfg.system.byzantine.window:]
+        self.state = self.algorithm.server_update(self.state, updates, weights)
+        if not self.judges_each_update and not bool(self.state.params.isfinite().all()):
+            raise DivergenceError(
+                f"server step {self.version + 1}: the model is not finite after aggregating {len(updates.client_ids)} "
+                f"updates with algorithm.aggregator={self.algorithm.aggregator.name}; try a smaller algorithm.lr "
+                f"(now {self.cfg.algorithm.lr})")
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``,

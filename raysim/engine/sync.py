@@ -72,16 +72,19 @@ class SyncDriver:
         if kept.any():
             tasks = s.with_states(make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version))
             updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes))
-            diverged = updates.first_nonfinite()
-            if diverged is not None:
+            diverged = updates.first_nonfinite() if s.judges_each_update else None
+            try:
+                if diverged is not None:
+                    raise DivergenceError(
+                        f"round {version + 1}: client {updates.client_ids[diverged]} diverged "
+                        f"(train_loss={updates.train_loss[diverged]}, non-finite update); "
+                        f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
+                s.keep_states(updates)
+                s.server_step(updates, s.aggregation_weights(updates))
+            except DivergenceError:
                 s.done = True
                 self._log_events(clients, kept, late, dropped, timing, updates, start, version, "diverged")
-                raise DivergenceError(
-                    f"round {version + 1}: client {updates.client_ids[diverged]} diverged "
-                    f"(train_loss={updates.train_loss[diverged]}, non-finite update); "
-                    f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
-            s.keep_states(updates)
-            s.state = s.algorithm.server_update(s.state, updates, s.aggregation_weights(updates))
+                raise
             s.applied += len(updates.client_ids)
         s.clock += duration
         s.version += 1

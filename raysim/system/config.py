@@ -1,4 +1,5 @@
-"""The ``system:`` section of a scenario: devices, networks, availability, dropout, unreliable agents.
+"""The ``system:`` section of a scenario: devices, networks, availability, dropout, unreliable agents,
+Byzantine clients.
 
 Structured omegaconf dataclasses (every key, type and default), plus
 :data:`DISTRIBUTIONS`, the one-line description of every ``kind`` (and other
@@ -10,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from raysim.schema import key
+from raysim.schema import key, when
+
+OMNISCIENT_ATTACKS = ("alie", "ipm")  # they see the honest updates of the same server step
 
 
 @dataclass
@@ -93,6 +96,29 @@ class UnreliableConfig:
                                        "with weights: uniform)")
 
 
+def _attack(*names: str):
+    return when("system.byzantine.attack", *names)
+
+
+@dataclass
+class ByzantineConfig:
+    """Byzantine clients: which clients are malicious and what they send instead of their update."""
+
+    fraction: float = key(0.0, "share of the clients that are Byzantine, drawn once from the seed (the set does "
+                               "not depend on the number of actors); in [0, 0.5)")
+    clients: Optional[List[int]] = key(None, "ids of the Byzantine clients (instead of fraction)")
+    attack: str = key("sign_flip", "what Byzantine clients send: sign_flip | gaussian | nan | label_flip | alie | ipm (raysim list)")
+    scale: float = key(1.0, "sign_flip: send -scale times the client's honest update", when=_attack("sign_flip"))
+    sigma: float = key(1.0, "gaussian: standard deviation of every coordinate", when=_attack("gaussian"))
+    z: Optional[float] = key(None, "alie: honest mean - z * honest std per coordinate (null: z from the step's n "
+                                   "updates and f Byzantine ones, as in Baruch et al.)", when=_attack("alie"))
+    epsilon: float = key(0.1, "ipm: send -epsilon times the honest mean", when=_attack("ipm"))
+    window: Optional[int] = key(None, "alie, ipm under FedAsync: the last `window` honest updates the attack sees "
+                                      "(FedBuff: the buffer; sync: the round)",
+                                when=(_attack(*OMNISCIENT_ATTACKS), when("execution.mode", "async"),
+                                      when("execution.aggregation", "fedasync")))
+
+
 @dataclass
 class SystemConfig:
     """Virtual-time system model: a task's virtual duration and who can be sampled when."""
@@ -102,6 +128,7 @@ class SystemConfig:
     availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
     dropout: float = 0.0  # probability that a task fails part-way (no update; time until failure is spent)
     unreliable: UnreliableConfig = field(default_factory=UnreliableConfig)
+    byzantine: ByzantineConfig = field(default_factory=ByzantineConfig)
 
 
 DISTRIBUTIONS: dict[str, str] = {
@@ -124,6 +151,12 @@ DISTRIBUTIONS: dict[str, str] = {
     "distribution.poisson": "Poisson(mean) per client, at least 1",
     "weights.samples": "aggregation weight p_k proportional to the client's training samples",
     "weights.uniform": "aggregation weight p_k = 1 / (number of updates)",
+    "attack.sign_flip": "send -scale times the honest update",
+    "attack.gaussian": "send a vector of N(0, sigma^2) coordinates",
+    "attack.nan": "send non-finite values (NaN)",
+    "attack.label_flip": "train honestly on flipped labels y -> (classes - 1 - y): a data attack inside local training",
+    "attack.alie": "a little is enough (Baruch et al.): honest mean - z * honest std per coordinate (omniscient)",
+    "attack.ipm": "inner-product manipulation (Xie et al.): -epsilon times the honest mean (omniscient)",
     "coin.step": "one participation coin per local step",
     "coin.round": "one participation coin per task, shared by all of the client's local steps",
     "gradient_noise.none": "no perturbation of local gradients",

@@ -26,11 +26,11 @@ import numpy as np
 
 from raysim.streams import Purpose, stream
 from raysim.system.traces import load_availability_trace, load_compute_trace
-from raysim.system.validate import validate_system
+from raysim.system.validate import check_byzantine_ids, validate_system
 
 # Profile field -> j of its stream (Purpose.SYSTEM_PROFILE, j). Never renumber: add new j's.
 PROFILE_STREAMS = {"speed": 0, "tier": 1, "slow": 2, "net_tier": 3, "down_mbps": 4, "up_mbps": 5,
-                   "phase": 6, "participation": 7, "local_steps": 8}
+                   "phase": 6, "participation": 7, "local_steps": 8, "byzantine": 9}
 
 
 @dataclass
@@ -65,6 +65,7 @@ class SystemModel:
         self._draw_network()
         self._draw_availability()
         self._draw_unreliable()
+        self._draw_byzantine()
         self._coins_counter, self._coins = None, None  # Bernoulli coins of the latest counter
 
     # ------------------------------------------------------------------ static profiles
@@ -127,6 +128,18 @@ class SystemModel:
         steps = (np.zeros(self.num_clients) if u.local_steps is None
                  else self._draw_distribution("local_steps", u.local_steps))
         self.profile["local_steps"] = steps.astype(np.int64)
+
+    def _draw_byzantine(self) -> None:
+        """The Byzantine clients: those listed, or the round(fraction·N) clients with the smallest
+        uniforms of the profile stream (one uniform per client)."""
+        b, n = self.cfg.byzantine, self.num_clients
+        byzantine = np.zeros(n, dtype=bool)
+        if b.clients is not None:
+            check_byzantine_ids(list(b.clients), n)
+            byzantine[list(b.clients)] = True
+        elif b.fraction > 0:
+            byzantine[np.argsort(self._rng("byzantine").random(n), kind="stable")[:round(b.fraction * n)]] = True
+        self.profile["byzantine"] = byzantine
 
     def _draw_distribution(self, field: str, d) -> np.ndarray:
         n = self.num_clients
@@ -271,7 +284,9 @@ class SystemModel:
                    local_steps_mean=(float(p["local_steps"].mean()) if cfg.unreliable.local_steps is not None
                                      else None),
                    coin=cfg.unreliable.coin, weights=cfg.unreliable.weights,
-                   gradient_noise=cfg.unreliable.gradient_noise, normalize_steps=cfg.unreliable.normalize_steps)
+                   gradient_noise=cfg.unreliable.gradient_noise, normalize_steps=cfg.unreliable.normalize_steps,
+                   byzantine_clients=int(p["byzantine"].sum()),
+                   byzantine_attack=cfg.byzantine.attack if p["byzantine"].any() else None)
         return out
 
 

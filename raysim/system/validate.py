@@ -74,6 +74,16 @@ def _local_steps(key: str, d) -> None:
         _positive(f"{key}.mean", d.mean)
 
 
+def check_byzantine_ids(ids: list, num_clients: int) -> None:
+    """``system.byzantine.clients``: distinct ids of the population, fewer than half of it."""
+    key = "system.byzantine.clients"
+    outside = [c for c in ids if not (isinstance(c, int) and 0 <= c < num_clients)]
+    _check(not outside, key, ids, f"client ids in [0, {num_clients - 1}] ({outside[:5]} are not)")
+    _check(len(set(ids)) == len(ids), key, ids, "distinct client ids")
+    _check(len(ids) < num_clients / 2, key, ids, f"fewer than half of the {num_clients} clients "
+                                                 f"(Byzantine clients are a minority; {len(ids)} given)")
+
+
 def validate_system(system_cfg, num_clients: int | None) -> None:
     """Check the ``system`` section; raise ScenarioError (full key path) on the first bad value.
 
@@ -137,3 +147,18 @@ def validate_system(system_cfg, num_clients: int | None) -> None:
     _one_of("system.unreliable.weights", u.weights, kinds("weights"))
     _one_of("system.unreliable.gradient_noise", u.gradient_noise, kinds("gradient_noise"))
     _non_negative("system.unreliable.noise_scale", u.noise_scale)
+
+    b = system_cfg.byzantine
+    _check(0 <= b.fraction < 0.5, "system.byzantine.fraction", b.fraction,
+           "a share in [0, 0.5) (Byzantine clients are a minority)")
+    if b.clients is not None:
+        _check(b.fraction == 0, "system.byzantine.fraction", b.fraction,
+               "0 with system.byzantine.clients (give the Byzantine clients one way)")
+        if num_clients is not None:  # otherwise checked once the data set is built
+            check_byzantine_ids(list(b.clients), num_clients)
+    _one_of("system.byzantine.attack", b.attack, kinds("attack"))
+    _positive("system.byzantine.scale", b.scale)
+    _positive("system.byzantine.sigma", b.sigma)
+    _positive("system.byzantine.epsilon", b.epsilon)
+    if b.window is not None:
+        _check(b.window >= 1, "system.byzantine.window", b.window, "a positive number of honest updates")

@@ -1,0 +1,75 @@
+"""The server's aggregation rule, from an algorithm's keys (``algorithm.aggregator`` and its keys).
+
+Binds a rule of :mod:`raysim.aggregators` (or a custom ``package.module:function``) to its
+parameters, optional bucketing, and its state between server steps, kept in
+``ServerState.aggregation``: the number of aggregations so far (it seeds bucketing's
+permutation, stream ``(Purpose.BUCKETING, step)``) and, for centered clipping, the previous
+aggregate it starts from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raysim import aggregators
+from raysim.catalog import import_object
+from raysim.streams import Purpose, stream
+
+
+class ServerAggregator:
+    """``(vectors [K, U], weights [K], state) -> (aggregate [U] float64, new state)``.
+
+    ``byzantine_share``: the share of Byzantine clients, for Krum's and Bulyan's f when
+    ``algorithm.byzantine_f`` is null (f = ⌊share × inputs⌋); f is capped where a step has too few
+    inputs for it (a deadline round, FedBuff's last partial buffer)."""
+
+    def __init__(self, cfg, seed: int, byzantine_share: float = 0.0):
+        self.name = getattr(cfg, "aggregator", "mean")
+        self.bucket_size = getattr(cfg, "bucket_size", 1)
+        self.seed, self.share, self.cfg = int(seed), float(byzantine_share), cfg
+        if ":" in self.name:
+            self.rule, self.params = import_object("algorithm.aggregator", self.name, "an aggregator"), \
+                dict(cfg.aggregator_options)
+        else:
+            self.rule, self.params = aggregators.AGGREGATORS[self.name], self._params()
+
+    @property
+    def robust(self) -> bool:
+        """Whether a non-finite update may be absorbed (anything but the mean): divergence is then
+        judged on the model, not per update."""
+        return self.name != "mean"
+
+    def _params(self) -> dict:
+        c = self.cfg
+        return {"trimmed_mean": {"trim": getattr(c, "trim", 0.1)},
+                "multi_krum": {"m": getattr(c, "krum_m", None)},
+                "geometric_median": {"nu": getattr(c, "gm_nu", 1e-6), "iterations": getattr(c, "gm_iterations", 10)},
+                "centered_clipping": {"radius": getattr(c, "clip_radius", 1.0),
+                                      "iterations": getattr(c, "clip_iterations", 1)}}.get(self.name, {})
+
+    def _f(self, inputs: int) -> int:
+        f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else int(self.share * inputs)
+        return aggregators.capped_f(inputs, f, self.name)
+
+    def __call__(self, vectors: torch.Tensor, weights: np.ndarray, state: dict) -> tuple[torch.Tensor, dict]:
+        if self.name == "mean":
+            return aggregators.weighted_mean(vectors, weights), state
+        step = state.get("steps", 0)
+        params = dict(self.params)
+        if self.name in ("krum", "multi_krum", "bulyan"):
+            params["f"] = self._f(-(-len(vectors) // self.bucket_size))
+        if self.name == "multi_krum" and params["m"] is not None:
+            params["m"] = min(params["m"], -(-len(vectors) // self.bucket_size) - params["f"])
+        if self.name == "centered_clipping":
+            params["start"] = state.get("previous")
+        weights = torch.as_tensor(np.asarray(weights, dtype=np.float64))
+        if self.bucket_size > 1:
+            aggregate = aggregators.bucketing(vectors, weights, rule=self.rule, bucket_size=self.bucket_size,
+                                              rng=stream(self.seed, Purpose.BUCKETING, step), **params)
+        else:
+            aggregate = self.rule(vectors, weights, **params)
+        new_state = {"steps": step + 1}
+        if self.name == "centered_clipping":
+            new_state["previous"] = aggregate.detach().clone()
+        return aggregate.double(), new_state
