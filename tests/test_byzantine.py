@@ -123,7 +123,7 @@ def test_a_robust_aggregator_resists_sign_flip_where_the_mean_fails(tmp_path):
      "algorithm.krum_m = 9: expected at most n - f = 8 (n=10 inputs: execution.clients_per_round=10; f=2)"),
     (["algorithm.aggregator=bulyan", "system.byzantine.fraction=0.2", "algorithm.bucket_size=2",
       "execution.clients_per_round=10"],
-     "algorithm.byzantine_f = 1: expected at most 0 for bulyan with n=5 inputs "
+     "algorithm.byzantine_f = 2: expected at most 0 for bulyan with n=5 inputs "
      "(execution.clients_per_round=10 in buckets of algorithm.bucket_size=2): it needs n >= 4f + 3"),
     (["algorithm.aggregator=trimmed_mean", "algorithm.trim=0.5"], "algorithm.trim = 0.5: expected a share in [0, 0.5)"),
     (["algorithm.bucket_size=0"], "algorithm.bucket_size = 0: expected a positive integer"),

@@ -21,8 +21,9 @@ class ServerAggregator:
     """``(vectors [K, U], weights [K], state) -> (aggregate [U] float64, new state)``.
 
     ``byzantine_share``: the share of Byzantine clients, for Krum's and Bulyan's f when
-    ``algorithm.byzantine_f`` is null (f = ⌊share × inputs⌋); f is capped where a step has too few
-    inputs for it (a deadline round, FedBuff's last partial buffer)."""
+    ``algorithm.byzantine_f`` is null: f = ⌊share × updates⌋, the Byzantine updates a step may hold
+    (with bucketing each of them may spoil a bucket); f is capped where a step has too few inputs
+    for it (a deadline round, FedBuff's last partial buffer, few buckets)."""
 
     def __init__(self, cfg, seed: int, byzantine_share: float = 0.0):
         self.name = getattr(cfg, "aggregator", "mean")
@@ -48,8 +49,9 @@ class ServerAggregator:
                 "centered_clipping": {"radius": getattr(c, "clip_radius", 1.0),
                                       "iterations": getattr(c, "clip_iterations", 1)}}.get(self.name, {})
 
-    def _f(self, inputs: int) -> int:
-        f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else int(self.share * inputs)
+    def _f(self, updates: int, inputs: int) -> int:
+        """f for a step of ``updates`` updates reduced as ``inputs`` inputs (buckets)."""
+        f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else int(self.share * updates)
         return aggregators.capped_f(inputs, f, self.name)
 
     def __call__(self, vectors: torch.Tensor, weights: np.ndarray, state: dict) -> tuple[torch.Tensor, dict]:
@@ -57,10 +59,11 @@ class ServerAggregator:
             return aggregators.weighted_mean(vectors, weights), state
         step = state.get("steps", 0)
         params = dict(self.params)
+        inputs = -(-len(vectors) // self.bucket_size)
         if self.name in ("krum", "multi_krum", "bulyan"):
-            params["f"] = self._f(-(-len(vectors) // self.bucket_size))
+            params["f"] = self._f(len(vectors), inputs)
         if self.name == "multi_krum" and params["m"] is not None:
-            params["m"] = min(params["m"], -(-len(vectors) // self.bucket_size) - params["f"])
+            params["m"] = min(params["m"], inputs - params["f"])
         if self.name == "centered_clipping":
             params["start"] = state.get("previous")
         weights = torch.as_tensor(np.asarray(weights, dtype=np.float64))

@@ -142,7 +142,8 @@ class AggregatorKeys:
                       check=Check(lambda v: 0 <= v < 0.5, "a share in [0, 0.5)"), when=_aggregator("trimmed_mean"))
     byzantine_f: Optional[int] = key(None, "krum, multi_krum, bulyan: f, the Byzantine inputs the rule guards "
                                            "against per step (null: the Byzantine share of the clients times the "
-                                           "step's inputs, rounded down)", check=non_negative_int,
+                                           "step's updates, rounded down; with bucketing each may spoil a bucket)",
+                                     check=non_negative_int,
                                      when=_aggregator(*KRUM_FAMILY))
     krum_m: Optional[int] = key(None, "multi_krum: m, the best-scored inputs averaged (null: n - f)",
                                 check=positive_int, when=_aggregator("multi_krum"))
@@ -187,7 +188,7 @@ def check_aggregator(cfg) -> None:
     if a.bucket_size > 1:
         where += f" in buckets of algorithm.bucket_size={a.bucket_size}"
     share = len(b.clients) / cfg.data.num_clients if b.clients is not None else b.fraction
-    f = a.byzantine_f if a.byzantine_f is not None else int(share * n)
+    f = a.byzantine_f if a.byzantine_f is not None else int(share * inputs)  # each may spoil a bucket
     key_f = "algorithm.byzantine_f"
     if a.aggregator == "bulyan" and n < 4 * f + 3:
         raise ScenarioError(key_f, f, f"at most {(n - 3) // 4} for bulyan with n={n} inputs ({where}): it needs "

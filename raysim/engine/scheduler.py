@@ -236,10 +236,12 @@ class Scheduler:
             self.honest_seen = (self.honest_seen + list(honest))[-self.cfg.system.byzantine.window:]
         self.state = self.algorithm.server_update(self.state, updates, weights)
         if not self.judges_each_update and not bool(self.state.params.isfinite().all()):
+            why = (f"{int(byzantine.sum())} of them from Byzantine clients (system.byzantine.attack="
+                   f"{self.cfg.system.byzantine.attack}) that the rule did not absorb" if byzantine.any() else
+                   f"try a smaller algorithm.lr (now {self.cfg.algorithm.lr})")
             raise DivergenceError(
                 f"server step {self.version + 1}: the model is not finite after aggregating {len(updates.client_ids)} "
-                f"updates with algorithm.aggregator={self.algorithm.aggregator.name}; try a smaller algorithm.lr "
-                f"(now {self.cfg.algorithm.lr})")
+                f"updates with algorithm.aggregator={self.algorithm.aggregator.name}; {why}")
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``,
