@@ -89,9 +89,11 @@ def _distances_to_others(rows: torch.Tensor) -> torch.Tensor:
     return distances.fill_diagonal_(math.inf)
 
 
-def _krum_scores(distances: torch.Tensor, neighbours: int) -> torch.Tensor:
-    """Each row's sum of squared distances to its ``neighbours`` nearest other rows."""
-    return distances.sort(dim=1).values[:, :neighbours].sum(dim=1)
+def _krum_scores(distances: torch.Tensor, neighbours: int, finite: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of squared distances to its ``neighbours`` nearest other rows; a row of
+    ``finite`` whose neighbours include a non-finite one still ranks before every non-finite row."""
+    scores = distances.sort(dim=1).values[:, :neighbours].sum(dim=1)
+    return torch.where(finite, scores.nan_to_num(posinf=torch.finfo(scores.dtype).max), math.inf)
 
 
 def _check_krum(n: int, f: int) -> None:
@@ -109,7 +111,8 @@ def krum(updates: torch.Tensor, weights=None, *, f: int = 0) -> torch.Tensor:
     if n <= 2:
         return _scaled(rows.mean(dim=0), weights)
     _check_krum(n, f)
-    return _scaled(rows[int(_krum_scores(_distances_to_others(rows), n - f - 2).argmin())], weights)
+    scores = _krum_scores(_distances_to_others(rows), n - f - 2, rows.isfinite().all(dim=1))
+    return _scaled(rows[int(scores.argmin())], weights)
 
 
 def multi_krum(updates: torch.Tensor, weights=None, *, f: int = 0, m: int | None = None) -> torch.Tensor:
@@ -123,7 +126,7 @@ def multi_krum(updates: torch.Tensor, weights=None, *, f: int = 0, m: int | None
     m = n - f if m is None else m
     if not 1 <= m <= n - f:
         raise ValueError(f"multi_krum needs 1 <= m <= n - f: n={n}, f={f}, m={m}")
-    scores = _krum_scores(_distances_to_others(rows), n - f - 2)
+    scores = _krum_scores(_distances_to_others(rows), n - f - 2, rows.isfinite().all(dim=1))
     chosen = scores.sort(stable=True).indices[:m].sort().values
     return _scaled(rows[chosen].mean(dim=0), weights)
 
@@ -176,10 +179,11 @@ def bulyan(updates: torch.Tensor, weights=None, *, f: int = 0) -> torch.Tensor:
     if f < 0 or n < 4 * f + 3:
         raise ValueError(f"bulyan needs f >= 0 and n >= 4f + 3: n={n}, f={f}")
     distances, remaining, picked = _distances_to_others(rows), list(range(n)), []
+    finite = rows.isfinite().all(dim=1)
     for _ in range(n - 2 * f):
         left = len(remaining)
         neighbours = left - f - 2 if left - f - 2 >= 1 else left - 1
-        scores = _krum_scores(distances[remaining][:, remaining], neighbours)
+        scores = _krum_scores(distances[remaining][:, remaining], neighbours, finite[remaining])
         picked.append(remaining.pop(int(scores.argmin())))
     selected = rows[picked]
     closeness = (selected - _coordinate_median(selected)).abs().sort(dim=0, stable=True).indices

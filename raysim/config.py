@@ -24,7 +24,7 @@ from raysim.errors import ScenarioError
 from raysim.algorithms.keys import check_aggregator
 from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, key, non_negative,
                            non_negative_int, one_of, positive, positive_int, when)
-from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig
+from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig, byzantine_count
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                    ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
@@ -569,14 +569,18 @@ def validate(cfg: DictConfig, explicit=()) -> None:
             value = OmegaConf.select(cfg, path)
             raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
                                 f"no setting ({why})")
-    if field_of(keys, "aggregator") is not None:
-        check_aggregator(cfg)
+    if field_of(keys, "aggregator") is not None and cfg.data.kind != "parquet":  # a file's: simulation.prepare
+        check_aggregator(cfg, cfg.data.num_clients)
     keys.check(cfg)
 
 
 def _check_byzantine(cfg: DictConfig) -> None:
-    """The Byzantine attack fits the data and the execution mode."""
-    b, e = cfg.system.byzantine, cfg.execution
+    """Byzantine clients exist if asked for, and their attack fits the data and the execution mode."""
+    b, e, d = cfg.system.byzantine, cfg.execution, cfg.data
+    if b.fraction > 0 and d.kind != "parquet":
+        _check(byzantine_count(b, d.num_clients) > 0, "system.byzantine.fraction", b.fraction,
+               f"0, or a share that marks at least one of the data.num_clients={d.num_clients} clients "
+               f"(round(fraction × clients) Byzantine clients)")
     if b.attack == "label_flip":
         _check(cfg.data.kind != "quadratic", "system.byzantine.attack", b.attack,
                "an update attack (sign_flip, gaussian, nan, alie, ipm) with data.kind=quadratic (its clients "

@@ -45,7 +45,7 @@ class Purpose(IntEnum):
     SADDLE_CLIENT = 18  # (client,): a saddle-data client's mean m_k and rows
     BILINEAR_INIT = 19  # (): the bilinear model's initial parameters
     BYZANTINE_ATTACK = 20  # (server step,): the gaussian attack's vectors of that step
-    BUCKETING = 21  # (server step,): the random permutation of bucketing at that step
+    BUCKETING = 21  # (aggregations so far,): the random permutation of bucketing at that aggregation
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

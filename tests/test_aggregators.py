@@ -233,3 +233,20 @@ def test_krum_and_bulyan_treat_a_non_finite_input_as_the_farthest():
     assert krum(rows, f=1).item() == 2.0
     assert multi_krum(rows, f=1, m=2).item() == 2.0
     assert math.isfinite(bulyan(rows, f=1).item())
+
+
+def test_krum_picks_a_finite_input_even_when_every_score_meets_a_non_finite_one():
+    rows = column(math.nan, 1.0, math.nan, 2.0, math.nan)  # n = 5, f = 1: 2 neighbours, so every score meets a NaN
+    assert krum(rows, f=1).item() == 1.0  # the finite rows tie (both inf): the lower index
+
+
+def test_centered_clipping_in_a_run_starts_from_its_unscaled_centre():
+    from types import SimpleNamespace
+
+    from raysim.algorithms.aggregation import ServerAggregator
+
+    cfg = SimpleNamespace(aggregator="centered_clipping", bucket_size=1, clip_radius=0.5, clip_iterations=1)
+    aggregate, state = ServerAggregator(cfg, seed=0), {}
+    for centre in (0.5, 1.0, 1.0):  # from 0: one clipped step of 0.5 toward 1, then 1 exactly
+        out, state = aggregate(torch.ones(4, 1, dtype=torch.float64), np.full(4, 0.125), state)
+        assert out.item() == 0.5 * centre  # the weights' total (a FedBuff buffer's staleness) scales only the output

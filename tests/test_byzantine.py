@@ -116,17 +116,27 @@ def test_a_robust_aggregator_resists_sign_flip_where_the_mean_fails(tmp_path):
     (["system.byzantine.clients=[3,100]"], "system.byzantine.clients = [3, 100]: expected client ids in [0, 99] "
                                            "([100] are not)"),
     (["algorithm.aggregator=krum", "execution.clients_per_round=4", "algorithm.byzantine_f=2"],
-     "algorithm.byzantine_f = 2: expected at most 1 for krum with n=4 inputs (execution.clients_per_round=4): "
+     "algorithm.byzantine_f = 2: expected at most f = 1 for krum with n=4 inputs (execution.clients_per_round=4): "
      "n - f leaves fewer than three candidates"),
+    (["algorithm.aggregator=krum", "execution.clients_per_round=2"],
+     "algorithm.aggregator = 'krum': expected a rule other than krum for steps of n=2 inputs "
+     "(execution.clients_per_round=2): it needs at least 3"),
+    (["system.byzantine.fraction=0.001"], "system.byzantine.fraction = 0.001: expected 0, or a share that marks at "
+                                          "least one of the data.num_clients=100 clients (round(fraction × clients) "
+                                          "Byzantine clients)"),
+    (["algorithm.bucket_size=2"], "algorithm.bucket_size = 2: expected no setting (it applies only with "
+                                  "algorithm.aggregator != mean (here algorithm.aggregator = 'mean'))"),
     (["algorithm.aggregator=multi_krum", "system.byzantine.fraction=0.2", "algorithm.krum_m=9",
       "execution.clients_per_round=10"],
      "algorithm.krum_m = 9: expected at most n - f = 8 (n=10 inputs: execution.clients_per_round=10; f=2)"),
     (["algorithm.aggregator=bulyan", "system.byzantine.fraction=0.2", "algorithm.bucket_size=2",
       "execution.clients_per_round=10"],
-     "algorithm.byzantine_f = 2: expected at most 0 for bulyan with n=5 inputs "
-     "(execution.clients_per_round=10 in buckets of algorithm.bucket_size=2): it needs n >= 4f + 3"),
+     "system.byzantine.fraction = 0.2: expected at most f = 0 for bulyan with n=5 inputs "
+     "(execution.clients_per_round=10 in buckets of algorithm.bucket_size=2): it needs n >= 4f + 3 (f = 2, the "
+     "Byzantine updates of a step of 10; or set algorithm.byzantine_f)"),
     (["algorithm.aggregator=trimmed_mean", "algorithm.trim=0.5"], "algorithm.trim = 0.5: expected a share in [0, 0.5)"),
-    (["algorithm.bucket_size=0"], "algorithm.bucket_size = 0: expected a positive integer"),
+    (["algorithm.aggregator=median", "algorithm.bucket_size=0"],
+     "algorithm.bucket_size = 0: expected a positive integer"),
     (["execution.mode=async", "execution.max_updates=50", "system.byzantine.fraction=0.2",
       "system.byzantine.attack=ipm"],
      "system.byzantine.window = None: expected a positive number of honest updates for attack ipm under "

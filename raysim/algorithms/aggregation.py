@@ -3,16 +3,19 @@
 Binds a rule of :mod:`raysim.aggregators` (or a custom ``package.module:function``) to its
 parameters, optional bucketing, and its state between server steps, kept in
 ``ServerState.aggregation``: the number of aggregations so far (it seeds bucketing's
-permutation, stream ``(Purpose.BUCKETING, step)``) and, for centered clipping, the previous
-aggregate it starts from.
+permutation, stream ``(Purpose.BUCKETING, aggregations)``) and, for centered clipping, the
+previous centre it starts from (before the weights' total scales it).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
 from raysim import aggregators
+from raysim.algorithms.keys import default_f
 from raysim.catalog import import_object
 from raysim.streams import Purpose, stream
 
@@ -21,9 +24,9 @@ class ServerAggregator:
     """``(vectors [K, U], weights [K], state) -> (aggregate [U] float64, new state)``.
 
     ``byzantine_share``: the share of Byzantine clients, for Krum's and Bulyan's f when
-    ``algorithm.byzantine_f`` is null: f = ⌊share × updates⌋, the Byzantine updates a step may hold
-    (with bucketing each of them may spoil a bucket); f is capped where a step has too few inputs
-    for it (a deadline round, FedBuff's last partial buffer, few buckets)."""
+    ``algorithm.byzantine_f`` is null (:func:`~raysim.algorithms.keys.default_f`); f is capped
+    where a step has too few inputs for it (a deadline round, FedBuff's last partial buffer, few
+    buckets)."""
 
     def __init__(self, cfg, seed: int, byzantine_share: float = 0.0):
         self.name = getattr(cfg, "aggregator", "mean")
@@ -51,7 +54,7 @@ class ServerAggregator:
 
     def _f(self, updates: int, inputs: int) -> int:
         """f for a step of ``updates`` updates reduced as ``inputs`` inputs (buckets)."""
-        f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else int(self.share * updates)
+        f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else default_f(self.share, updates)
         return aggregators.capped_f(inputs, f, self.name)
 
     def __call__(self, vectors: torch.Tensor, weights: np.ndarray, state: dict) -> tuple[torch.Tensor, dict]:
@@ -64,15 +67,18 @@ class ServerAggregator:
             params["f"] = self._f(len(vectors), inputs)
         if self.name == "multi_krum" and params["m"] is not None:
             params["m"] = min(params["m"], inputs - params["f"])
-        if self.name == "centered_clipping":
-            params["start"] = state.get("previous")
         weights = torch.as_tensor(np.asarray(weights, dtype=np.float64))
+        clipping = self.name == "centered_clipping"
+        if clipping:  # it starts from its previous centre, kept before the weights' total scales it
+            params["start"] = state.get("previous")
+        given = None if clipping else weights
         if self.bucket_size > 1:
-            aggregate = aggregators.bucketing(vectors, weights, rule=self.rule, bucket_size=self.bucket_size,
+            aggregate = aggregators.bucketing(vectors, given, rule=self.rule, bucket_size=self.bucket_size,
                                               rng=stream(self.seed, Purpose.BUCKETING, step), **params)
         else:
-            aggregate = self.rule(vectors, weights, **params)
+            aggregate = self.rule(vectors, given, **params)
         new_state = {"steps": step + 1}
-        if self.name == "centered_clipping":
+        if clipping:
             new_state["previous"] = aggregate.detach().clone()
+            aggregate = aggregate * math.fsum(weights.tolist())
         return aggregate.double(), new_state

@@ -12,12 +12,14 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from raysim.errors import ScenarioError
+from raysim.system.config import byzantine_count
 from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,
                            positive_int, unit_interval, when)
 
@@ -125,8 +127,8 @@ class QuadraticUnitKeys:
                        when=when("data.kind", "quadratic"))
 
 
-def _aggregator(*names: str):
-    return when("aggregator", *names)
+def _aggregator(*names: str, negate: bool = False):
+    return when("aggregator", *names, negate=negate)
 
 
 @dataclass
@@ -137,14 +139,14 @@ class AggregatorKeys:
     aggregator: str = key("mean", "mean | median | trimmed_mean | krum | multi_krum | geometric_median | "
                                   "centered_clipping | bulyan (raysim list), or package.module:function")
     bucket_size: int = key(1, "s: average random buckets of s updates, then aggregate the bucket means "
-                              "(1: no bucketing)", check=positive_int)
+                              "(1: no bucketing)", check=positive_int, when=_aggregator("mean", negate=True))
     trim: float = key(0.1, "trimmed_mean: beta, the share of values dropped at each end of every coordinate",
                       check=Check(lambda v: 0 <= v < 0.5, "a share in [0, 0.5)"), when=_aggregator("trimmed_mean"))
     byzantine_f: Optional[int] = key(None, "krum, multi_krum, bulyan: f, the Byzantine inputs the rule guards "
                                            "against per step (null: the Byzantine share of the clients times the "
                                            "step's updates, rounded down; with bucketing each may spoil a bucket)",
                                      check=non_negative_int,
-                                     when=_aggregator(*KRUM_FAMILY))
+                                     when=_aggregator(*KRUM_FAMILY))  # may exceed Krum's n > 2f + 2
     krum_m: Optional[int] = key(None, "multi_krum: m, the best-scored inputs averaged (null: n - f)",
                                 check=positive_int, when=_aggregator("multi_krum"))
     gm_nu: float = key(1e-6, "geometric_median: nu, the smoothing of Weiszfeld's weights 1/max(nu, distance)",
@@ -159,13 +161,19 @@ class AggregatorKeys:
                                       "kept per client from 0, as Karimireddy et al. pair with centered clipping); "
                                       "0: the update itself", check=unit_interval)
     aggregator_options: Dict[str, Any] = key(doc="a custom aggregator's keyword arguments", factory=dict,
-                                             when=when("aggregator", *AGGREGATOR_NAMES, negate=True))
+                                             when=_aggregator(*AGGREGATOR_NAMES, negate=True))
 
 
-def check_aggregator(cfg) -> None:
+def default_f(share: float, updates: int) -> int:
+    """Krum's and Bulyan's f when ``algorithm.byzantine_f`` is null: ⌊share × updates⌋, the Byzantine
+    updates a step of ``updates`` holds on average (with bucketing each may spoil a bucket)."""
+    return math.floor(round(share * updates, 9))
+
+
+def check_aggregator(cfg, num_clients: int) -> None:
     """The aggregator exists, and Krum, multi-Krum and Bulyan have enough inputs for their f and m
     in a full step (``clients_per_round`` updates, or ``buffer_size`` under FedBuff, divided into
-    buckets)."""
+    buckets) of a population of ``num_clients``."""
     a, e, b = cfg.algorithm, cfg.execution, cfg.system.byzantine
     if ":" in a.aggregator:
         from raysim.catalog import import_object
@@ -179,25 +187,32 @@ def check_aggregator(cfg) -> None:
     if a.aggregator not in KRUM_FAMILY:
         return
     if e.mode == "sync":
-        inputs, where = e.clients_per_round, f"execution.clients_per_round={e.clients_per_round}"
+        updates, where = e.clients_per_round, f"execution.clients_per_round={e.clients_per_round}"
     elif e.aggregation == "fedbuff":
-        inputs, where = e.buffer_size, f"execution.buffer_size={e.buffer_size}"
+        updates, where = e.buffer_size, f"execution.buffer_size={e.buffer_size}"
     else:
-        inputs, where = 1, "execution.aggregation=fedasync (one update per step)"
-    n = -(-inputs // a.bucket_size)
+        updates, where = 1, "execution.aggregation=fedasync: one update per step"
+    n = -(-updates // a.bucket_size)
     if a.bucket_size > 1:
         where += f" in buckets of algorithm.bucket_size={a.bucket_size}"
-    share = len(b.clients) / cfg.data.num_clients if b.clients is not None else b.fraction
-    f = a.byzantine_f if a.byzantine_f is not None else int(share * inputs)  # each may spoil a bucket
-    key_f = "algorithm.byzantine_f"
+    least = 3
+    if n < least:
+        raise ScenarioError("algorithm.aggregator", a.aggregator, f"a rule other than {a.aggregator} for steps of "
+                                                                  f"n={n} inputs ({where}): it needs at least {least}")
+    if a.byzantine_f is not None:
+        key_f, f, value, derived = "algorithm.byzantine_f", a.byzantine_f, a.byzantine_f, ""
+    else:
+        share = byzantine_count(b, num_clients) / num_clients
+        f = default_f(share, updates)
+        key_f = "system.byzantine.clients" if b.clients is not None else "system.byzantine.fraction"
+        value = list(b.clients) if b.clients is not None else b.fraction
+        derived = f" (f = {f}, the Byzantine updates of a step of {updates}; or set algorithm.byzantine_f)"
     if a.aggregator == "bulyan" and n < 4 * f + 3:
-        raise ScenarioError(key_f, f, f"at most {(n - 3) // 4} for bulyan with n={n} inputs ({where}): it needs "
-                                      f"n >= 4f + 3" if n >= 3 else f"a step of at least 3 inputs for bulyan "
-                                                                    f"(n={n}: {where})")
+        raise ScenarioError(key_f, value, f"at most f = {(n - 3) // 4} for bulyan with n={n} inputs ({where}): it "
+                                          f"needs n >= 4f + 3{derived}")
     if a.aggregator != "bulyan" and n - f < 3:
-        raise ScenarioError(key_f, f, f"at most {n - 3} for {a.aggregator} with n={n} inputs ({where}): n - f "
-                                      f"leaves fewer than three candidates" if n >= 3 else
-                            f"a step of at least 3 inputs for {a.aggregator} (n={n}: {where})")
+        raise ScenarioError(key_f, value, f"at most f = {n - 3} for {a.aggregator} with n={n} inputs ({where}): "
+                                          f"n - f leaves fewer than three candidates{derived}")
     if a.aggregator == "multi_krum" and a.krum_m is not None and a.krum_m > n - f:
         raise ScenarioError("algorithm.krum_m", a.krum_m, f"at most n - f = {n - f} (n={n} inputs: {where}; f={f})")
 

@@ -212,13 +212,15 @@ class Scheduler:
         replaced by what they send, then the algorithm's server update. Raises DivergenceError on a
         non-finite Byzantine update (mean aggregator) or model."""
         beta = getattr(self.cfg.algorithm, "client_momentum", 0.0)
-        if beta:
+        if beta:  # row by row: a FedBuff buffer may hold two updates of one client
+            sent = []
             for i, c in enumerate(updates.client_ids.tolist()):
                 moved = (1 - beta) * updates.vector[i]
                 if c in self.momentum:
                     moved += beta * self.momentum[c]
                 self.momentum[c] = moved
-            updates.vector = torch.stack([self.momentum[c] for c in updates.client_ids.tolist()])
+                sent.append(moved)
+            updates.vector = torch.stack(sent)
         byzantine = self.byzantine[updates.client_ids]
         ex = self.cfg.execution
         fedasync = ex.mode == "async" and ex.aggregation == "fedasync"
@@ -227,10 +229,12 @@ class Scheduler:
             updates.vector = self.attack(updates.vector, byzantine, self.version, seen)
             bad = updates.first_nonfinite() if self.judges_each_update else None
             if bad is not None:
+                advice = ("; choose a robust algorithm.aggregator (median, trimmed_mean, krum, ...)"
+                          if hasattr(self.cfg.algorithm, "aggregator") else "")
                 raise DivergenceError(
                     f"server step {self.version + 1}: Byzantine client {updates.client_ids[bad]} sent a non-finite "
                     f"update (system.byzantine.attack={self.cfg.system.byzantine.attack}) and the mean cannot absorb "
-                    "it; choose a robust algorithm.aggregator (median, trimmed_mean, krum, ...)")
+                    f"it{advice}")
         if fedasync and self.attack.omniscient and not byzantine.all():
             honest = updates.vector[torch.from_numpy(np.flatnonzero(~byzantine))]
             self.honest_seen = (self.honest_seen + list(honest))[-self.cfg.system.byzantine.window:]

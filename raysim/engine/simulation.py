@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from raysim.algorithms.keys import check_aggregator
 from raysim.catalog import algorithm_keys
 from raysim.config import to_yaml
 from raysim.data import FederatedDataset, build_dataset
@@ -51,6 +52,8 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
         check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
         if check_data is not None:
             check_data(cfg, dataset.train_sizes())
+    if cfg.data.kind == "parquet" and "aggregator" in cfg.algorithm:  # the file decides the number of clients
+        check_aggregator(cfg, dataset.num_clients)
     k = cfg.execution.clients_per_round
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,

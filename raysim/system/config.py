@@ -119,6 +119,12 @@ class ByzantineConfig:
                                       when("execution.aggregation", "fedasync")))
 
 
+def byzantine_count(cfg, num_clients: int) -> int:
+    """How many of ``num_clients`` clients are Byzantine (``cfg``: the ``system.byzantine`` section):
+    the listed ones, or round(fraction × N)."""
+    return len(cfg.clients) if cfg.clients is not None else round(cfg.fraction * num_clients)
+
+
 @dataclass
 class SystemConfig:
     """Virtual-time system model: a task's virtual duration and who can be sampled when."""

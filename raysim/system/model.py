@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raysim.streams import Purpose, stream
+from raysim.system.config import byzantine_count
 from raysim.system.traces import load_availability_trace, load_compute_trace
 from raysim.system.validate import check_byzantine_ids, validate_system
 
@@ -138,7 +139,7 @@ class SystemModel:
             check_byzantine_ids(list(b.clients), n)
             byzantine[list(b.clients)] = True
         elif b.fraction > 0:
-            byzantine[np.argsort(self._rng("byzantine").random(n), kind="stable")[:round(b.fraction * n)]] = True
+            byzantine[np.argsort(self._rng("byzantine").random(n), kind="stable")[:byzantine_count(b, n)]] = True
         self.profile["byzantine"] = byzantine
 
     def _draw_distribution(self, field: str, d) -> np.ndarray:

@@ -36,9 +36,10 @@ RULES = {
     "mean": [], "median": [], "trimmed_mean": ["algorithm.trim=0.2"], "krum": [], "geometric_median": [],
     "centered_clipping": ["algorithm.clip_radius=1", "algorithm.clip_iterations=3"],
 }
-AGGREGATORS = {f"{rule}{'' if s == 1 else f' s={s}'}": [f"algorithm.aggregator={rule}", f"algorithm.bucket_size={s}",
-                                                        *keys]
-               for s in (1, 2) for rule, keys in RULES.items()}
+AGGREGATORS = {"mean": ["algorithm.aggregator=mean"],  # bucketing wraps the robust rules only
+               **{f"{rule}{'' if s == 1 else f' s={s}'}": [f"algorithm.aggregator={rule}",
+                                                          f"algorithm.bucket_size={s}", *keys]
+                  for s in (1, 2) for rule, keys in RULES.items() if rule != "mean"}}
 
 
 def runs(datasets, modes):
