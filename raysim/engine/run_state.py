@@ -8,14 +8,14 @@ final ``model_sha256``, on any backend and number of actors.
 
 What it holds: the server state (parameters, server optimizer, the algorithm's own state, last
 diagnostics), each client's kept state (stateful algorithms), the virtual clock, the server
-version, the dispatch counter, the applied updates, the latest evaluation, whether the run is
-done, the honest updates an omniscient Byzantine attack under FedAsync still sees, each
-client's momentum (``algorithm.client_momentum``), and the driver's own state (:meth:`SyncDriver.snapshot`, :meth:`AsyncDriver.snapshot`):
-nothing for synchronous rounds; for asynchronous runs the tasks in flight, the FedBuff buffer not
-yet applied, the busy clients and the payloads of the model versions those tasks start from. A
-task in flight is kept as what defines it, never as a pending call: client work is a pure
-function of (seed, client, dispatch counter, payload, client state), so a task whose result was
-not yet known is computed again after a restore, with the same result.
+version, the dispatch counter, the applied updates, the latest evaluation, whether the run is done,
+the honest updates an omniscient Byzantine attack under FedAsync still sees, each client's momentum
+(``algorithm.client_momentum``), and the driver's own state (:meth:`SyncDriver.snapshot`,
+:meth:`AsyncDriver.snapshot`): nothing for synchronous rounds; for asynchronous runs the tasks in
+flight, the FedBuff buffer not yet applied, the busy clients and the payloads of the model versions
+those tasks start from. A task in flight is kept as what defines it, never as a pending call:
+client work is a pure function of (seed, client, dispatch counter, payload, client state), so a
+task whose result was not yet known is computed again after a restore, with the same result.
 
 Caches (the broadcast payloads, the system model's availability coins) are rebuilt. Wall-clock
 time is not state: rows after a restore count wall time from the restoring scheduler's start.
