@@ -108,13 +108,13 @@ def cmd_summarize(args) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(len(grids), 1, figsize=(12, 2.4 * len(grids)), squeeze=False)
+        fig, axes = plt.subplots(len(grids), 1, figsize=(12, 2.9 * len(grids)), squeeze=False)
         for ax, ((data, mode), cells) in zip(axes[:, 0], grids.items()):
             clean = cells[("clean", "mean")] or np.nan
             drop = np.array([[100 * ((cells[(a, label)] if cells[(a, label)] is not None else np.nan) - clean)
                               for label in AGGREGATORS] for a in ATTACKS])
             image = ax.imshow(drop, cmap="RdYlGn", vmin=-30, vmax=5, aspect="auto")
-            ax.set_xticks(range(len(AGGREGATORS)), list(AGGREGATORS), fontsize=7)
+            ax.set_xticks(range(len(AGGREGATORS)), list(AGGREGATORS), fontsize=7, rotation=25, ha="right")
             ax.set_yticks(range(len(ATTACKS)), list(ATTACKS), fontsize=8)
             for (i, j), value in np.ndenumerate(drop):
                 ax.text(j, i, "" if np.isnan(value) else f"{value:.0f}", ha="center", va="center", fontsize=7)
