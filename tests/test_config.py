@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,10 @@ def test_the_saved_scenario_runs_again_as_it_is(tmp_path, source, overrides):
     saved = tmp_path / "scenario.yaml"
     saved.write_text(text)
     assert load_scenario(str(saved)) == cfg
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(Path(__file__).resolve().parents[1]))
+                                        for p in (Path(__file__).resolve().parents[1] / "scenarios").rglob("*.yaml")))
+def test_every_checked_in_scenario_is_valid(path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert load_scenario(path).name
