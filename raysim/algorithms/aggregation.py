@@ -45,12 +45,17 @@ class ServerAggregator:
         return self.name != "mean"
 
     def _params(self) -> dict:
+        """The rule's keyword arguments from its keys (AggregatorKeys; their defaults live there)."""
         c = self.cfg
-        return {"trimmed_mean": {"trim": getattr(c, "trim", 0.1)},
-                "multi_krum": {"m": getattr(c, "krum_m", None)},
-                "geometric_median": {"nu": getattr(c, "gm_nu", 1e-6), "iterations": getattr(c, "gm_iterations", 10)},
-                "centered_clipping": {"radius": getattr(c, "clip_radius", 1.0),
-                                      "iterations": getattr(c, "clip_iterations", 1)}}.get(self.name, {})
+        if self.name == "trimmed_mean":
+            return {"trim": c.trim}
+        if self.name == "multi_krum":
+            return {"m": c.krum_m}
+        if self.name == "geometric_median":
+            return {"nu": c.gm_nu, "iterations": c.gm_iterations}
+        if self.name == "centered_clipping":
+            return {"radius": c.clip_radius, "iterations": c.clip_iterations}
+        return {}
 
     def _f(self, updates: int, inputs: int) -> int:
         """f for a step of ``updates`` updates reduced as ``inputs`` inputs (buckets)."""
