@@ -22,7 +22,7 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError, Om
 
 from raysim.errors import ScenarioError
 from raysim.algorithms.keys import check_aggregator
-from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, key, non_negative,
+from raysim.schema import (INT64_MAX, Check, check_numbers, check_values, field_of, inapplicable, key, non_negative,
                            non_negative_int, one_of, positive, positive_int, when)
 from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig, byzantine_count
 
@@ -30,6 +30,7 @@ DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                    ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
                                                     "saddle"))
 SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
+GENERATED = when("data.kind", "gaussian_mixture", "leaf_synthetic", "saddle")  # built client by client
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 
@@ -74,6 +75,13 @@ class DataConfig:
     samples_per_client: int = key(200, "saddle: training rows per client", check=positive_int, when=SADDLE)
     dim: int = key(1, "saddle: dimension d of the features h (the bilinear model then has d + d² parameters)",
                    check=positive_int, when=SADDLE)
+    on_demand: Any = key("auto", "gaussian_mixture, leaf_synthetic, saddle: build a client's rows where and when it "
+                                 "trains (true), every row up front in one shared table (false), or on demand when "
+                                 "that table would exceed 1 GiB (auto); results are the same either way",
+                         check=Check(lambda v: v is True or v is False or v == "auto", "true, false or auto"),
+                         when=GENERATED)
+    cache_mb: float = key(128.0, "on-demand data: megabytes of built client rows each process keeps for the "
+                                 "clients it saw last", check=non_negative, when=GENERATED)
     options: Dict[str, Any] = key(doc="a custom data.kind's keyword arguments", factory=dict)
 
 
@@ -171,8 +179,9 @@ class EvalConfig:
     adapt_on: str = key("train", "the rows the personalization steps take their batches from: train | test "
                                  "(test: as in the Per-FedAvg paper's FedAvg + update)",
                         check=one_of("train", "test"), when=ADAPTS)
-    clients: Optional[int] = key(None, "personalized evaluation on a seeded sample of this many clients, the same "
-                                       "at every evaluation (null: every client)", check=positive_int, when=ADAPTS)
+    clients: Optional[int] = key(None, "evaluate (globally and personalized) on a seeded "
+                                       "sample of this many clients, the same at every evaluation (null: every "
+                                       "client)", check=positive_int, when=when("data.kind", "quadratic", negate=True))
     curvature: bool = key(False, "log the exact objective J (mean client training loss plus the weight-decay "
                                  "term), its gradient's squared norm and the least eigenvalue of its Hessian at "
                                  "every evaluation (full Hessian: small models only)")
@@ -423,6 +432,12 @@ def _custom_or_one_of(path: str, name: str, builtins, options, what: str) -> Non
         raise ScenarioError(path, name, what)
 
 
+def check_eval_clients(clients: int | None, num_clients: int) -> None:
+    """``eval.clients`` is null or at most the number of clients."""
+    _check(clients is None or clients <= num_clients, "eval.clients", clients,
+           f"null (every client) or an integer in [1, {num_clients}] (the data set's number of clients)")
+
+
 def validate(cfg: DictConfig, explicit=()) -> None:
     """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
     paths the scenario sets) would be ignored; raise ScenarioError on the first bad one."""
@@ -556,6 +571,8 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _non_negative("eval.personalized_steps", v.personalized_steps)
     _non_negative("eval.personalized_epochs", v.personalized_epochs)
     check_values(cfg, EvalConfig, "eval")
+    if d.kind != "parquet":  # a Parquet file decides its number of clients: checked once it is read
+        check_eval_clients(v.clients, d.num_clients)
 
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)

@@ -5,7 +5,8 @@ big is allocated. Torch-free: it runs before the data set is generated and befor
 The estimate aims at the peak within a factor of about 2. Its parts:
 
 - data set: the federated table (or the quadratic problem's statistics), times what building it
-  holds at once (:data:`BUILD_FACTOR`), plus the copy in Ray's object store;
+  holds at once (:data:`BUILD_FACTOR`), plus the copy in Ray's object store; built on demand, the
+  table of client sizes, each process's cache of built rows and the evaluated clients' test rows;
 - model: the parameters (counted from the model keys and the data's shape, without building the
   module) in every client host, and the server's float64 vectors (parameters, aggregate, optimizer);
 - client state: per client bookkeeping, and the vector a stateful algorithm keeps per visited client;
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from raysim.errors import ScenarioError
 
 ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
+SIZE_BYTES = 8  # an on-demand data set's table: train and test sizes (int32) per client
 BUILD_FACTOR = {"gaussian_mixture": 1.0, "digits": 1.0, "leaf_synthetic": 2.5, "blobs": 4.0,  # float64 draws
                 "parquet": 7.0, "quadratic": 2.0,  # parquet: the file read whole, its features, their sorted copy
                 "saddle": 3.0}  # float64 draws, then their float32 copy
@@ -75,6 +77,8 @@ def estimate(cfg) -> Footprint:
     """The memory estimate of a validated scenario ``cfg`` (see the module doc). A custom data or
     model kind (package.module:function) adds nothing for what it builds; a Parquet data set is
     sized from its metadata and its label and client columns (bad labels raise ScenarioError)."""
+    from raysim.data import builds_on_demand
+
     d, m = cfg.data, cfg.model
     rows, features, classes, clients, data_keys = _data_shape(d)
     params, widths = parameter_count(m, features, classes)
@@ -83,8 +87,15 @@ def estimate(cfg) -> Footprint:
     ray = cfg.runtime.backend == "ray"
     actors = _actors(cfg.runtime)
 
-    data = rows * (ROW_BYTES + 4 * math.prod(features)) if d.kind != "quadratic" else _quadratic_bytes(d)
-    data *= BUILD_FACTOR.get(d.kind, 1.0) + ray  # ray: the object store's copy
+    if builds_on_demand(d):  # the sizes table, each process's cache, and the evaluated clients' test rows
+        table = table_bytes(d)
+        evaluated = min(clients, cfg.eval.clients or clients) / clients
+        test_share = 10 * clients / rows if d.kind == "gaussian_mixture" else d.test_fraction
+        data = (clients * SIZE_BYTES * (1 + ray) + min(table, d.cache_mb * 2 ** 20) * (actors + 1)
+                + table * evaluated * test_share)
+    else:
+        data = rows * (ROW_BYTES + 4 * math.prod(features)) if d.kind != "quadratic" else _quadratic_bytes(d)
+        data *= BUILD_FACTOR.get(d.kind, 1.0) + ray  # ray: the object store's copy
     model = params * (itemsize * (actors + 1) + 8 * SERVER_VECTORS)
     kept = _kept_vectors(cfg)
     visits = min(clients, _visits(cfg))
@@ -165,6 +176,12 @@ def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list
     if model_cfg.personal == "adapter":
         count += sum(model_cfg.adapter_rank * (i + o) for i, o in layers[:-1])
     return count, widths
+
+
+def table_bytes(d) -> float:
+    """Bytes of the federated table of the data keys ``d`` (every client's rows)."""
+    rows, features, *_ = _data_shape(d)
+    return rows * (ROW_BYTES + 4 * math.prod(features))
 
 
 def _data_shape(d) -> tuple:

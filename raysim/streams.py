@@ -41,7 +41,7 @@ class Purpose(IntEnum):
     QUADRATIC_CLIENT = 14  # (client,): a quadratic client's matrices and targets
     QUADRATIC_PLANT = 15  # (): the planted θ of the realizable quadratic problem
     BLOBS = 16  # (): the centralized Gaussian-blob data set
-    EVAL_CLIENTS = 17  # (): the sample of clients that personalized evaluation tests (eval.clients)
+    EVAL_CLIENTS = 17  # (): the sample of clients that evaluation tests (eval.clients)
     SADDLE_CLIENT = 18  # (client,): a saddle-data client's mean m_k and rows
     BILINEAR_INIT = 19  # (): the bilinear model's initial parameters
     BYZANTINE_ATTACK = 20  # (server step,): the gaussian attack's vectors of that step

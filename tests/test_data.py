@@ -27,7 +27,8 @@ def part_cfg(kind="iid", **kw):
 def data_cfg(kind, **kw):
     base = dict(kind=kind, num_clients=4, alpha=1.0, beta=1.0, test_fraction=0.2,
                 partition=part_cfg(), path=None, label_column="label", client_column="client_id",
-                feature_columns=None, image_shape=None, feature_shift=False, concept_shift=False)
+                feature_columns=None, image_shape=None, feature_shift=False, concept_shift=False, on_demand="auto",
+                cache_mb=128.0)
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -52,13 +52,14 @@ STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1
               "system.compute.seconds_per_sample=0.05", "system.dropout=0.05"]
 MODES = {
     "sync": ["execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2",
-             "eval.personalized_steps=2"],
+             "eval.personalized_steps=2", "data.on_demand=true", "eval.clients=15"],
     "sync_deadline": STRAGGLERS + ["execution.rounds=4", "execution.clients_per_round=20", "execution.deadline=10",
                                    "execution.over_selection=1.2", "runtime.clients_per_task=3"],
     "fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=12", "execution.max_updates=40",
                               "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=10"],
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
-                             "execution.concurrency=12", "execution.max_updates=40", "eval.every=3"],
+                             "execution.concurrency=12", "execution.max_updates=40", "eval.every=3",
+                             "data.on_demand=true", "system.availability.kind=bernoulli", "system.availability.p=0.7"],
     "async_ffgg": STRAGGLERS + ["data.kind=quadratic", "data.n=60", "data.d_theta=6", "data.d_w=3",
                                 "data.realizable=true", "model.kind=quadratic", "model.personal=[w]",
                                 "algorithm.name=ffgg", "algorithm.finetuner=cg", "algorithm.local_steps=2",

@@ -118,8 +118,8 @@ class Personalized:
 
 @dataclass
 class RowData:
-    """A data set of rows on a host: every row's features and label, and each client's
-    (train start, test start, test end) row numbers."""
+    """The rows of a task's clients on a host: features and labels, and for each client of the
+    task (in the task's order) its (train start, test start, test end) row numbers."""
 
     features: torch.Tensor
     labels: torch.Tensor
@@ -170,7 +170,7 @@ class ClientContext:
     def train_sizes(self) -> np.ndarray:
         if self.quadratic:
             return np.full(len(self.client_ids), self.data.n, dtype=np.int64)
-        offsets = self.data.offsets[self.client_ids]
+        offsets = self.data.offsets
         return offsets[:, 1] - offsets[:, 0]
 
     def plan(self, steps: int | None, batch_size: int = 1, epochs: int = 1, full_batch: bool = False,
@@ -182,7 +182,7 @@ class ClientContext:
         participation = self.participation if coins else None
         if self.quadratic or full_batch:
             return counted_plan(self.rngs, steps, self.local_steps, participation)
-        offsets = self.data.offsets[self.client_ids]
+        offsets = self.data.offsets
         first, last = (0, 1) if rows == "train" else (1, 2)
         return minibatch_plan(offsets[:, first], offsets[:, last] - offsets[:, first], self.rngs, batch_size, epochs,
                               steps, self.local_steps, participation)
@@ -196,7 +196,7 @@ class ClientContext:
         """The gradient oracle of these clients' data under ``plan`` (None: full gradients only)."""
         if self.quadratic:
             return QuadraticOracle(self.data, self.client_ids, plan)
-        return RowOracle(self.model, self.data.features, self.data.labels, self.data.offsets[self.client_ids],
+        return RowOracle(self.model, self.data.features, self.data.labels, self.data.offsets,
                          plan, self.device, self.label_flip)
 
     def transform(self, plan: StepPlan, lr, *terms: transforms.ClientTransform, weight_decay: float = 0.0,
@@ -373,7 +373,7 @@ class Algorithm:
                                                                     only=only)).params
         loss_sum, correct, rows = [], [], []
         with torch.no_grad():
-            for p, (_, lo, hi) in zip(params, ctx.data.offsets[ctx.client_ids]):
+            for p, (_, lo, hi) in zip(params, ctx.data.offsets):
                 logits = ctx.model.logits(p, ctx.data.features[lo:hi])
                 y = ctx.data.labels[lo:hi]
                 loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())

@@ -1,4 +1,5 @@
-"""Federated datasets (one Arrow table per dataset) and the builders behind ``data.kind``.
+"""Federated datasets (one Arrow table per dataset, or a generator's law whose rows are built per
+client on demand) and the builders behind ``data.kind``.
 
 Importing this package does not import torch (only the quadratic problem needs it, and it is
 loaded on first use), so a scenario's data can be built and checked while torch still loads.
@@ -6,16 +7,18 @@ loaded on first use), so a scenario's data can be built and checked while torch 
 
 from __future__ import annotations
 
-from raysim.data.federated import FederatedDataset
-from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
+from raysim.data.federated import ClientRows, FederatedDataset
+from raysim.data.generated import ON_DEMAND_ABOVE, GeneratedDataset
+from raysim.data.generators import (GaussianMixtureLaw, LeafSyntheticLaw, blobs, digits, gaussian_mixture,
+                                    leaf_synthetic)
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
-from raysim.data.saddle import saddle
+from raysim.data.saddle import SaddleLaw, saddle
 from raysim.errors import ScenarioError
 
-__all__ = ["DATASETS", "PARTITIONERS", "FederatedDataset", "QuadraticProblem", "blobs", "build_dataset", "digits",
-           "gaussian_mixture", "generate_quadratic", "leaf_synthetic", "load_parquet", "open_dataset",
-           "partition", "saddle"]
+__all__ = ["DATASETS", "PARTITIONERS", "ClientRows", "FederatedDataset", "GeneratedDataset", "QuadraticProblem",
+           "blobs", "build_dataset", "builds_on_demand", "digits", "gaussian_mixture", "generate_quadratic",
+           "leaf_synthetic", "load_parquet", "open_dataset", "partition", "saddle"]
 
 DATASETS: dict[str, str] = {
     "blobs": "synthetic Gaussian clusters (two per class, centres of norm 3, unit noise) split over clients "
@@ -36,13 +39,15 @@ DATASETS: dict[str, str] = {
 
 
 def open_dataset(table):
-    """The data set an Arrow table holds: a QuadraticProblem (schema kind 'quadratic') or a
-    FederatedDataset."""
+    """The data set an Arrow table holds: a QuadraticProblem (schema kind 'quadratic'), a
+    GeneratedDataset (kind 'generated') or a FederatedDataset."""
     meta = table.schema.metadata or {}
     if meta.get(b"kind") == b"quadratic":
         from raysim.data.quadratic import QuadraticProblem
 
         return QuadraticProblem.from_table(table)
+    if meta.get(b"kind") == b"generated":
+        return GeneratedDataset(table)
     return FederatedDataset(table)
 
 
@@ -68,11 +73,10 @@ def build_dataset(data_cfg, seed: int):
     kind = data_cfg.kind
     if ":" in kind:
         return _custom(data_cfg, seed)
-    if kind == "gaussian_mixture":
-        return gaussian_mixture(data_cfg.num_clients, seed)
-    if kind == "leaf_synthetic":
-        return leaf_synthetic(data_cfg.num_clients, data_cfg.alpha, data_cfg.beta, seed,
-                              data_cfg.test_fraction)
+    law = _law(data_cfg, seed)
+    if law is not None:
+        dataset = GeneratedDataset.create(law, data_cfg.num_clients, data_cfg.cache_mb)
+        return dataset if builds_on_demand(data_cfg) else dataset.materialize()
     if kind == "blobs":
         return blobs(data_cfg.num_clients, data_cfg.num_samples, data_cfg.num_features, data_cfg.num_classes,
                      data_cfg.partition, data_cfg.test_fraction, seed)
@@ -84,8 +88,6 @@ def build_dataset(data_cfg, seed: int):
 
         return generate_quadratic(data_cfg.num_clients, data_cfg.n, data_cfg.d_theta, data_cfg.d_w, seed,
                                   realizable=data_cfg.realizable)
-    if kind == "saddle":
-        return saddle(data_cfg.num_clients, data_cfg.samples_per_client, data_cfg.dim, data_cfg.test_fraction, seed)
     if kind == "parquet":
         feature_columns, image_shape = data_cfg.feature_columns, data_cfg.image_shape
         return load_parquet(data_cfg.path, data_cfg.label_column, data_cfg.client_column,
@@ -93,6 +95,29 @@ def build_dataset(data_cfg, seed: int):
                             None if image_shape is None else list(image_shape),
                             data_cfg.test_fraction, seed)
     raise ScenarioError("data.kind", kind, "one of " + ", ".join(sorted(DATASETS)))
+
+
+def _law(data_cfg, seed: int):
+    """The law of a generated ``data.kind`` that builds one client at a time, or None."""
+    if data_cfg.kind == "gaussian_mixture":
+        return GaussianMixtureLaw(seed)
+    if data_cfg.kind == "leaf_synthetic":
+        return LeafSyntheticLaw(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction)
+    if data_cfg.kind == "saddle":
+        return SaddleLaw(seed, data_cfg.samples_per_client, data_cfg.dim, data_cfg.test_fraction)
+    return None
+
+
+def builds_on_demand(data_cfg) -> bool:
+    """Whether a generated data set builds rows per client on demand (``data.on_demand``; auto: when
+    the whole table would exceed :data:`~raysim.data.generated.ON_DEMAND_ABOVE` bytes)."""
+    if data_cfg.kind not in ("gaussian_mixture", "leaf_synthetic", "saddle"):
+        return False
+    if data_cfg.on_demand == "auto":
+        from raysim.footprint import table_bytes
+
+        return table_bytes(data_cfg) > ON_DEMAND_ABOVE
+    return bool(data_cfg.on_demand)
 
 
 def _custom(data_cfg, seed: int) -> FederatedDataset:

@@ -21,6 +21,40 @@ COLUMNS = ("client_id", "split", "x", "y")
 _META_KEYS = ("num_clients", "num_classes", "feature_shape")
 
 
+@dataclass(frozen=True)
+class ClientRows:
+    """Some clients' rows, client after client: ``features`` float32 ``[R, D]``, ``labels`` int64
+    ``[R]`` and ``offsets`` int64 ``[C, 3]``, the (train start, test start, test end) row of each
+    client in the order asked for."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    offsets: np.ndarray
+
+
+def split_rows(offsets: np.ndarray, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) row of each client's ``split`` ('all', 'train' or 'test') under ``offsets``."""
+    first, last = {"all": (0, 2), "train": (0, 1), "test": (1, 2)}[split]
+    return offsets[:, first], offsets[:, last]
+
+
+def gather_rows(features: np.ndarray, labels: np.ndarray, offsets: np.ndarray, split: str = "all") -> ClientRows:
+    """The ``split`` rows of the clients whose ``offsets`` (rows of ``features``/``labels``) are
+    given, copied client after client into a :class:`ClientRows`."""
+    lo, hi = split_rows(offsets, split)
+    packed = packed_offsets(offsets, lo, hi)
+    index = np.repeat(lo - packed[:, 0], hi - lo) + np.arange(int(packed[-1, 2]) if len(packed) else 0)
+    return ClientRows(features[index], labels[index], packed)
+
+
+def packed_offsets(offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The offsets ``[C, 3]`` of rows ``lo[c]:hi[c]`` of each client (under ``offsets``) once they
+    are copied client after client into one array."""
+    ends = np.cumsum(hi - lo)
+    starts = ends - (hi - lo)
+    return np.stack([starts, starts + np.clip(offsets[:, 1] - lo, 0, hi - lo), ends], axis=1).astype(np.int64)
+
+
 def _single_array(column: pa.ChunkedArray) -> pa.Array:
     """The column as one Array, copying only when it has several chunks."""
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
@@ -159,6 +193,11 @@ class FederatedDataset:
     def labels(self) -> np.ndarray:
         """int64 ``[N]``, a read-only zero-copy view of the ``y`` column."""
         return self._cached("labels", lambda: self._column("y"))
+
+    def rows_of(self, client_ids, split: str = "all") -> ClientRows:
+        """The ``split`` rows ('all', 'train' or 'test') of the given clients, copied."""
+        return gather_rows(self.features(), self.labels(), self.offsets()[np.asarray(client_ids, dtype=np.int64)],
+                           split)
 
     def train_sizes(self) -> np.ndarray:
         """int64 ``[num_clients]``: train rows per client."""

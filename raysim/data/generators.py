@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,48 +26,49 @@ def gaussian_mixture_rows(num_clients: int) -> int:
     return num_clients * (_GM_TRAIN + _GM_TEST) + spread
 
 
-def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
+class GaussianMixtureLaw:
     """Gaussian-mixture benchmark: 10 classes in 60 dimensions, shifted and label-skewed per client.
 
     Class means ``mu ~ N(0, 0.3^2)`` of shape ``(10, 60)`` from the stream
-    ``Purpose.GAUSSIAN_MIXTURE_MEANS`` (see :mod:`raysim.streams`). Client ``k`` draws from
-    ``default_rng([seed, k])``, in order: a shift ``s ~ N(0, 0.5^2 I)``, label mixture
-    ``p ~ Dirichlet(0.5 * 1)``, ``n_k + 10`` labels ``y ~ p`` and ``x = mu_y + s + N(0, I)``
-    with ``n_k = 50 + (37 k mod 151)``. The first ``n_k`` rows train, the last 10 test.
+    ``Purpose.GAUSSIAN_MIXTURE_MEANS`` (see :mod:`raysim.streams`). Client ``k`` has
+    ``n_k = 50 + (37 k mod 151)`` training and 10 test rows and draws from ``default_rng([seed, k])``,
+    in order: a shift ``s ~ N(0, 0.5^2 I)``, label mixture ``p ~ Dirichlet(0.5 * 1)``, ``n_k + 10``
+    labels ``y ~ p`` and ``x = mu_y + s + N(0, I)`` (summed in that order in float64, then float32).
     """
-    num_clients = check_num_clients(num_clients)
-    means = stream(seed, Purpose.GAUSSIAN_MIXTURE_MEANS).normal(0.0, 0.3, size=(_CLASSES, _DIM))
-    n_test = _GM_TEST
-    train_sizes = _GM_TRAIN + (_GM_STEP * np.arange(num_clients, dtype=np.int64)) % _GM_SPREAD
-    ends = np.cumsum(train_sizes + n_test)
-    x = np.empty((int(ends[-1]), _DIM), dtype=np.float32)
-    y = np.empty(int(ends[-1]), dtype=np.int64)
 
-    def fill(clients: np.ndarray) -> None:
-        for k in clients.tolist():
-            rng = np.random.default_rng([seed, k])
-            n = int(train_sizes[k]) + n_test
-            shift = rng.normal(0.0, 0.5, size=_DIM)
-            p = rng.dirichlet(0.5 * np.ones(_CLASSES))
-            labels = rng.choice(_CLASSES, size=n, p=p)
-            rows = slice(int(ends[k]) - n, int(ends[k]))
-            y[rows] = labels
-            block = means[labels]  # mu_y + s + noise, summed in place in that order
-            block += shift
-            block += rng.normal(0.0, 1.0, size=(n, _DIM))
-            x[rows] = block
+    name, num_classes, feature_shape = "gaussian_mixture", _CLASSES, (_DIM,)
 
-    # Each client has its own generator and rows, so threads (numpy drops the GIL while
-    # drawing) give the same bytes as a serial loop.
-    workers = min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(fill, np.array_split(np.arange(num_clients), 4 * workers)))
-    return FederatedDataset.from_sorted(x, y, train_sizes, np.full(num_clients, n_test),
-                                        _CLASSES, (_DIM,))
+    def __init__(self, seed: int):
+        self.seed, self.params = int(seed), {}
+        self.means = stream(seed, Purpose.GAUSSIAN_MIXTURE_MEANS).normal(0.0, 0.3, size=(_CLASSES, _DIM))
+
+    @staticmethod
+    def sizes(num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        """(train, test) rows of every client, in closed form."""
+        train = _GM_TRAIN + (_GM_STEP * np.arange(check_num_clients(num_clients), dtype=np.int64)) % _GM_SPREAD
+        return train, np.full(num_clients, _GM_TEST, dtype=np.int64)
+
+    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test."""
+        rng = np.random.default_rng([self.seed, k])
+        n = n_train + n_test
+        shift = rng.normal(0.0, 0.5, size=_DIM)
+        p = rng.dirichlet(0.5 * np.ones(_CLASSES))
+        labels = rng.choice(_CLASSES, size=n, p=p)
+        block = self.means[labels]
+        block += shift
+        block += rng.normal(0.0, 1.0, size=(n, _DIM))
+        return block.astype(np.float32), labels.astype(np.int64)
 
 
-def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
-                   test_fraction: float) -> FederatedDataset:
+def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
+    """Every row of the Gaussian-mixture benchmark (:class:`GaussianMixtureLaw`) in one table."""
+    from raysim.data.generated import GeneratedDataset
+
+    return GeneratedDataset.create(GaussianMixtureLaw(seed), num_clients).materialize()
+
+
+class LeafSyntheticLaw:
     """LEAF/FedProx Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes.
 
     Client ``k`` draws from the stream ``(Purpose.LEAF_SYNTHETIC, k)``, in order: ``n_k = int(lognormal(4, 2)) + 50``,
@@ -77,29 +76,45 @@ def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
     ``b_k`` ``~ N(u_k, 1)``, ``v_k ~ N(B_k, 1)``, then ``x ~ N(v_k, diag(j^-1.2))`` and
     ``y = argmax(W_k x + b_k)``. The first ``max(1, n_k - round(test_fraction n_k))`` rows train.
     """
-    num_clients = check_num_clients(num_clients)
-    test_fraction = check_test_fraction(test_fraction)
-    for key, value in (("data.alpha", alpha), ("data.beta", beta)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
-            raise ScenarioError(key, value, "a variance >= 0")
-    std_x = np.arange(1, _DIM + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
-    xs, ys, train_sizes, test_sizes = [], [], [], []
-    for k in range(num_clients):
-        rng = stream(seed, Purpose.LEAF_SYNTHETIC, k)
+
+    name, num_classes, feature_shape = "leaf_synthetic", _CLASSES, (_DIM,)
+
+    def __init__(self, seed: int, alpha: float, beta: float, test_fraction: float):
+        for key, value in (("data.alpha", alpha), ("data.beta", beta)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+                raise ScenarioError(key, value, "a variance >= 0")
+        self.seed = int(seed)
+        self.params = {"alpha": float(alpha), "beta": float(beta), "test_fraction": check_test_fraction(test_fraction)}
+
+    def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        """(train, test) rows of every client (the first draw of each client's stream)."""
+        n = np.array([int(stream(self.seed, Purpose.LEAF_SYNTHETIC, k).lognormal(4.0, 2.0)) + 50
+                      for k in range(check_num_clients(num_clients))], dtype=np.int64)
+        train = np.maximum(1, n - np.array([round(self.params["test_fraction"] * v) for v in n.tolist()], np.int64))
+        return train, n - train
+
+    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test."""
+        rng = stream(self.seed, Purpose.LEAF_SYNTHETIC, k)
         n = int(rng.lognormal(4.0, 2.0)) + 50
-        u = rng.normal(0.0, np.sqrt(alpha))
-        b_mean = rng.normal(0.0, np.sqrt(beta))
+        u = rng.normal(0.0, np.sqrt(self.params["alpha"]))
+        b_mean = rng.normal(0.0, np.sqrt(self.params["beta"]))
         w = rng.normal(u, 1.0, size=(_CLASSES, _DIM))
         b = rng.normal(u, 1.0, size=_CLASSES)
         v = rng.normal(b_mean, 1.0, size=_DIM)
-        x = v + rng.normal(0.0, 1.0, size=(n, _DIM)) * std_x
-        xs.append(x.astype(np.float32))
-        ys.append(np.argmax(x @ w.T + b, axis=1))
-        n_train = max(1, n - round(test_fraction * n))
-        train_sizes.append(n_train)
-        test_sizes.append(n - n_train)
-    return FederatedDataset.from_sorted(np.concatenate(xs), np.concatenate(ys), train_sizes,
-                                        test_sizes, _CLASSES, (_DIM,))
+        x = v + rng.normal(0.0, 1.0, size=(n, _DIM)) * _LEAF_STD_X
+        return x.astype(np.float32), np.argmax(x @ w.T + b, axis=1).astype(np.int64)
+
+
+_LEAF_STD_X = np.arange(1, _DIM + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
+
+
+def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
+                   test_fraction: float) -> FederatedDataset:
+    """Every row of LEAF/FedProx Synthetic(alpha, beta) (:class:`LeafSyntheticLaw`) in one table."""
+    from raysim.data.generated import GeneratedDataset
+
+    return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction), num_clients).materialize()
 
 
 def _digits_writer_style(seed: int, k: int) -> tuple[float, float, int, int]:

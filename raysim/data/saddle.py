@@ -25,7 +25,7 @@ def saddle_test_rows(samples_per_client: int, test_fraction: float) -> int:
     return round(samples_per_client * test_fraction / (1.0 - test_fraction))
 
 
-def saddle(num_clients: int, samples_per_client: int, dim: int, test_fraction: float, seed: int) -> FederatedDataset:
+class SaddleLaw:
     """Saddle data (see the module doc): ``samples_per_client`` training rows per client, then
     :func:`saddle_test_rows` test rows from the same law.
 
@@ -33,19 +33,35 @@ def saddle(num_clients: int, samples_per_client: int, dim: int, test_fraction: f
     signs γ of its rows (train then test), then the ``[rows, dim]`` Gaussian noise. A client's
     rows do not depend on how many clients there are.
     """
-    num_clients = check_num_clients(num_clients)
-    n_train = check_count("data.samples_per_client", samples_per_client, 1)
-    dim = check_count("data.dim", dim, 1)
-    n_test = saddle_test_rows(n_train, check_test_fraction(test_fraction))
-    n = n_train + n_test
-    direction = np.full(dim, 1.0 / np.sqrt(dim))
-    x = np.empty((num_clients, n, dim))
-    y = np.empty((num_clients, n), dtype=np.int64)
-    for k in range(num_clients):
-        rng = stream(seed, Purpose.SADDLE_CLIENT, k)
+
+    name, num_classes = "saddle", 2
+
+    def __init__(self, seed: int, samples_per_client: int, dim: int, test_fraction: float):
+        self.seed = int(seed)
+        self.params = {"samples_per_client": check_count("data.samples_per_client", samples_per_client, 1),
+                       "dim": check_count("data.dim", dim, 1), "test_fraction": check_test_fraction(test_fraction)}
+        self.feature_shape = (self.params["dim"],)
+        self.direction = np.full(dim, 1.0 / np.sqrt(dim))
+
+    def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        """(train, test) rows of every client."""
+        n_train = self.params["samples_per_client"]
+        n_test = saddle_test_rows(n_train, self.params["test_fraction"])
+        num_clients = check_num_clients(num_clients)
+        return np.full(num_clients, n_train, dtype=np.int64), np.full(num_clients, n_test, dtype=np.int64)
+
+    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test."""
+        rng = stream(self.seed, Purpose.SADDLE_CLIENT, k)
+        n = n_train + n_test
         mean = rng.uniform(MEAN_LOW, MEAN_HIGH)
         gamma = rng.choice([-1.0, 1.0], size=n)
-        x[k] = (gamma * mean)[:, None] * direction + rng.standard_normal((n, dim))
-        y[k] = (gamma > 0).astype(np.int64)
-    return FederatedDataset.from_sorted(x.reshape(-1, dim), y.reshape(-1), np.full(num_clients, n_train),
-                                        np.full(num_clients, n_test), 2, (dim,))
+        x = (gamma * mean)[:, None] * self.direction + rng.standard_normal((n, len(self.direction)))
+        return x.astype(np.float32), (gamma > 0).astype(np.int64)
+
+
+def saddle(num_clients: int, samples_per_client: int, dim: int, test_fraction: float, seed: int) -> FederatedDataset:
+    """Every row of the saddle data (:class:`SaddleLaw`) in one table."""
+    from raysim.data.generated import GeneratedDataset
+
+    return GeneratedDataset.create(SaddleLaw(seed, samples_per_client, dim, test_fraction), num_clients).materialize()

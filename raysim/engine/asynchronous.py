@@ -213,7 +213,7 @@ class AsyncDriver:
         free = self.ex.concurrency - len(self.queue)
         if free <= 0:
             return
-        clients = s.sample(free, exclude=self.busy)
+        clients = s.sample(free, exclude=self.busy, excluded_count=len(self.queue))  # one event per busy client
         self.busy[clients] = True
         counter = s.counter
         timing = s.timing(clients, np.full(len(clients), counter))

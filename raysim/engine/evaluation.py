@@ -1,9 +1,7 @@
-"""Evaluation on the scheduler: the server model over every client's test rows, the exact
+"""Evaluation on the scheduler: the server model over the evaluated clients' test rows, the exact
 metrics of a quadratic problem, or the exact objective and curvature of a small model."""
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import torch
@@ -28,18 +26,13 @@ def evaluate_rows(model, flat: torch.Tensor, features: torch.Tensor, labels: tor
 
 
 class GlobalEvaluator:
-    """Sample-weighted test loss and accuracy over all clients' test rows."""
+    """Sample-weighted test loss and accuracy over the test rows of the evaluated ``clients``
+    (every client, or the seeded sample of ``eval.clients``)."""
 
-    def __init__(self, model, dataset, threads: int):
-        offsets = dataset.offsets()
-        rows = np.concatenate([np.arange(lo, hi) for _, lo, hi in offsets]) if len(offsets) else np.array([], int)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            features = torch.from_numpy(dataset.features())
-            labels = torch.from_numpy(dataset.labels())
-        index = torch.from_numpy(rows)
-        self.features = features[index].reshape(-1, *dataset.feature_shape)
-        self.labels = labels[index]
+    def __init__(self, model, dataset, clients: np.ndarray, threads: int):
+        rows = dataset.rows_of(clients, "test")
+        self.features = torch.from_numpy(rows.features).reshape(-1, *dataset.feature_shape)
+        self.labels = torch.from_numpy(rows.labels)
         self.model, self.threads = model, threads
 
     @property
@@ -85,17 +78,13 @@ class CurvatureEvaluator:
     Hessian: small models, see :func:`raysim.footprint.check_curvature`)."""
 
     def __init__(self, model, dataset, uniform: bool, weight_decay: float, threads: int):
-        offsets = dataset.offsets()
-        sizes = offsets[:, 1] - offsets[:, 0]
-        rows = np.concatenate([np.arange(lo, hi) for lo, hi, _ in offsets])
+        sizes = dataset.train_sizes()
+        rows = dataset.rows_of(np.arange(dataset.num_clients), "train")
         if uniform:  # p_k / n_k per row of client k
             share = 1.0 / (np.count_nonzero(sizes) * np.maximum(sizes, 1))
         else:
             share = np.full(len(sizes), 1.0 / sizes.sum())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            features = torch.from_numpy(dataset.features())[torch.from_numpy(rows)]
-            labels = torch.from_numpy(dataset.labels())[torch.from_numpy(rows)]
+        features, labels = torch.from_numpy(rows.features), torch.from_numpy(rows.labels)
         chunk = max(1, CURVATURE_CHUNK // model.size)
         self.chunks = [(x.double().reshape(-1, *dataset.feature_shape), y, w)
                        for x, y, w in zip(features.split(chunk), labels.split(chunk),

@@ -14,7 +14,7 @@ from raysim.config import scenario_object
 
 from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.algorithms.oracles import Participation
-from raysim.data import QuadraticProblem, open_dataset
+from raysim.data import FederatedDataset, QuadraticProblem, open_dataset
 from raysim.models import build_model
 from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
@@ -46,15 +46,15 @@ def torch_threads(n: int):
 
 
 class ClientHost:
-    """Hosts every virtual client: the data set (a zero-copy view of the Arrow table), the model
-    structure and the algorithm's client code. Any host can run any client."""
+    """Hosts every virtual client: the data set (a zero-copy view of the Arrow table, or a
+    generator's law that builds a client's rows when it trains), the model structure and the
+    algorithm's client code. Any host can run any client."""
 
     def __init__(self, scenario: dict, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
         cfg = scenario_object(scenario)
         self.cfg, self.actor_index, self.device = cfg, actor_index, torch.device(device)
         self.dataset = open_dataset(table)
         self.problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
-        self.offsets = self.dataset.offsets()
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes,
                                  cfg.seed).to(self.device)
         self.algorithm = make_algorithm(cfg, self.model, self.problem, self.dataset.num_clients)
@@ -66,15 +66,26 @@ class ClientHost:
                                                                        unreliable.noise_scale)
         self.per_round_coins, self.normalize_steps = unreliable.coin == "round", unreliable.normalize_steps
         self.flips_labels = profile["byzantine"] if cfg.system.byzantine.attack == "label_flip" else None
-        if self.problem is not None:  # clients are rows of sufficient statistics, not of samples
-            self.data = self.problem
-            return
-        with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
-            warnings.simplefilter("ignore", UserWarning)
-            features = torch.from_numpy(self.dataset.features())
-            labels = torch.from_numpy(self.dataset.labels())
-        self.data = RowData(features.reshape(-1, *self.dataset.feature_shape).to(self.device),
-                            labels.to(self.device), self.offsets)
+        self.table_rows = None  # a shared table's features, labels and offsets (on this host's device)
+        if isinstance(self.dataset, FederatedDataset):
+            with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
+                warnings.simplefilter("ignore", UserWarning)
+                features = torch.from_numpy(self.dataset.features())
+                labels = torch.from_numpy(self.dataset.labels())
+            self.table_rows = (features.reshape(-1, *self.dataset.feature_shape).to(self.device),
+                               labels.to(self.device), self.dataset.offsets())
+
+    def data(self, ids: np.ndarray):
+        """The data of a task's clients: the quadratic problem (clients are rows of sufficient
+        statistics), or their rows (a view of the shared table, or built on demand)."""
+        if self.problem is not None:
+            return self.problem
+        if self.table_rows is not None:
+            features, labels, offsets = self.table_rows
+            return RowData(features, labels, offsets[ids])
+        rows = self.dataset.rows_of(ids)
+        return RowData(torch.from_numpy(rows.features).reshape(-1, *self.dataset.feature_shape).to(self.device),
+                       torch.from_numpy(rows.labels).to(self.device), rows.offsets)
 
     def run(self, payloads: dict, tasks: list) -> list:
         """Run tasks in order, each client from ``payloads[version]``; one result per task
@@ -86,7 +97,7 @@ class ClientHost:
         ids = np.asarray(task.client_ids, dtype=np.int64)
         purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
         ctx = ClientContext(ids, [stream(self.cfg.seed, purpose, int(c), n) for c, n in zip(ids, task.counters)],
-                            self.model, self.data, self.device, *self._unreliable(ids, task.op),
+                            self.model, self.data(ids), self.device, *self._unreliable(ids, task.op),
                             states=None if task.states is None else list(task.states),
                             label_flip=self._label_flip(ids, task.op))
         if task.op == "personalize":

@@ -36,8 +36,8 @@ EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personal
 
 
 def evaluated_clients(cfg, num_clients: int) -> np.ndarray:
-    """The clients personalized evaluation tests: all, or a seeded sample of ``eval.clients``
-    (the same at every evaluation), in id order."""
+    """The clients global and personalized evaluation test: all, or a seeded sample of
+    ``eval.clients`` (the same at every evaluation), in id order."""
     k = cfg.eval.clients
     if k is None or k >= num_clients:
         return np.arange(num_clients)
@@ -52,8 +52,7 @@ class Scheduler:
         self.runtime = runtime
         self.dataset = open_dataset(table)
         problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
-        offsets = self.dataset.offsets()
-        self.train_sizes = offsets[:, 1] - offsets[:, 0]
+        self.train_sizes = self.dataset.train_sizes()
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
@@ -62,7 +61,8 @@ class Scheduler:
         self.honest_seen: list = []  # FedAsync under an omniscient attack: the last `window` honest updates
         self.momentum: dict = {}  # client id -> its momentum of updates (algorithm.client_momentum)
         initial = self.model.initial_vector()
-        self.evaluator = None if problem is not None else GlobalEvaluator(self.model, self.dataset,
+        self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
+        self.evaluator = None if problem is not None else GlobalEvaluator(self.model, self.dataset, self.eval_clients,
                                                                           cfg.runtime.torch_threads)
         self.quadratic = None if problem is None else QuadraticEvaluator(problem, self.algorithm.personalised,
                                                                                  initial)
@@ -77,7 +77,6 @@ class Scheduler:
         self.counter = 0  # dispatches so far: seeds each task's RNG together with the client id
         self.began = time.perf_counter()
         self.last_eval = dict.fromkeys(EVAL_COLUMNS, math.nan)
-        self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
         self.applied = 0
         self.done = False
         self._rounds: list = []
@@ -171,10 +170,11 @@ class Scheduler:
         """Handles of the given (still referenced) model versions."""
         return {v: self._handles[v] for v in versions}
 
-    def sample(self, k: int, exclude=None) -> np.ndarray:
-        """Up to ``k`` clients available now; jumps the clock while nobody is available."""
+    def sample(self, k: int, exclude=None, excluded_count: int | None = None) -> np.ndarray:
+        """Up to ``k`` clients available now and not excluded (see :meth:`SystemModel.sample_available`);
+        jumps the clock while nobody is available."""
         for _ in range(1000):
-            clients = self.system.sample_available(self.clock, self.counter, k, exclude)
+            clients = self.system.sample_available(self.clock, self.counter, k, exclude, excluded_count)
             self.counter += 1
             if len(clients):
                 return clients

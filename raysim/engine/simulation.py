@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Callable
 
 from raysim.algorithms.keys import check_aggregator
 from raysim.catalog import algorithm_keys
-from raysim.config import to_yaml
-from raysim.data import FederatedDataset, build_dataset
+from raysim.config import check_eval_clients, to_yaml
+from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
 from raysim.errors import ScenarioError
 from raysim.footprint import check_curvature, check_fits
 from raysim.metrics import OutputDir
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # these import torch; prepare() loads them while ``meanwhile`
 class Prepared:
     """What a run needs before any runtime starts."""
 
-    dataset: FederatedDataset | QuadraticProblem
+    dataset: FederatedDataset | GeneratedDataset | QuadraticProblem
     model: FlatModel
     output: OutputDir
     final_params: object = None  # the final global parameters, once run_scenario has finished
@@ -48,12 +48,14 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     """
     check_fits(cfg)
     dataset = build_dataset(cfg.data, cfg.seed)
-    if isinstance(dataset, FederatedDataset):
+    if isinstance(dataset, (FederatedDataset, GeneratedDataset)):
         check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
         if check_data is not None:
             check_data(cfg, dataset.train_sizes())
-    if cfg.data.kind == "parquet" and "aggregator" in cfg.algorithm:  # the file decides the number of clients
-        check_aggregator(cfg, dataset.num_clients)
+    if cfg.data.kind == "parquet":  # the file decides the number of clients
+        check_eval_clients(cfg.eval.clients, dataset.num_clients)
+        if "aggregator" in cfg.algorithm:
+            check_aggregator(cfg, dataset.num_clients)
     k = cfg.execution.clients_per_round
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,

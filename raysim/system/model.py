@@ -9,9 +9,9 @@ number of actors, the order of calls or which other clients are in a call:
   depend on the number of clients either (trace files aside);
 * a task's noise, dropout coin and failure point come from its own stream
   ``(Purpose.SYSTEM_TASK, client, counter)``;
-* Bernoulli availability coins at dispatch ``counter`` are the uniforms of the stream
-  ``(Purpose.SYSTEM_AVAILABILITY, counter)``: client ``c`` is available iff uniform
-  ``c`` < p (one vectorized draw of N uniforms instead of N generators);
+* Bernoulli availability coins at dispatch ``counter``: client ``c`` is available iff the
+  uniform hash of ``c`` under a key drawn from the stream ``(Purpose.SYSTEM_AVAILABILITY, counter)``
+  is < p (vectorized, and computed only for the clients asked about);
 * ``sample_available`` walks all clients in a random order keyed by the stream
   ``(Purpose.SYSTEM_SAMPLE, counter)`` and keeps the first ``k`` eligible ones (see
   :meth:`SystemModel.sample_available`).
@@ -82,9 +82,9 @@ class SystemModel:
 
     def _draw_compute(self) -> None:
         c, n = self.cfg.compute, self.num_clients
-        tier = np.full(n, -1, dtype=np.int64)
+        tier = _constant(-1, n)
         if c.kind == "constant":
-            speed = np.full(n, float(c.speed))
+            speed = _constant(float(c.speed), n)
         elif c.kind == "tiers":
             tier = self._draw_tier("tier", c.tiers)
             speed = np.array([float(t.speed) for t in c.tiers])[tier]
@@ -94,30 +94,34 @@ class SystemModel:
             speed = c.scale / (1.0 + self._rng("speed").pareto(c.shape, n))
         else:  # trace
             speed = load_compute_trace(c.path, n)
-        slow = self._rng("slow").random(n) < c.slow_fraction if c.slow_fraction > 0 else np.zeros(n, bool)
-        self.profile.update(speed=np.where(slow, speed / c.slow_factor, speed), tier=tier, slow=slow)
+        if c.slow_fraction > 0:
+            slow = self._rng("slow").random(n) < c.slow_fraction
+            speed = np.where(slow, speed / c.slow_factor, speed)
+        else:
+            slow = _constant(False, n)
+        self.profile.update(speed=speed, tier=tier, slow=slow)
 
     def _draw_network(self) -> None:
         w, n = self.cfg.network, self.num_clients
-        net_tier = np.full(n, -1, dtype=np.int64)
+        net_tier = _constant(-1, n)
         if w.kind == "none":  # free communication: infinite bandwidth, no latency
-            down, up, latency = np.full(n, math.inf), np.full(n, math.inf), np.zeros(n)
+            down, up, latency = _constant(math.inf, n), _constant(math.inf, n), _constant(0.0, n)
         elif w.kind == "tiers":
             net_tier = self._draw_tier("net_tier", w.tiers)
             down = np.array([float(t.down_mbps) for t in w.tiers])[net_tier]
             up = np.array([float(t.up_mbps) for t in w.tiers])[net_tier]
             latency = np.array([float(t.latency_s) for t in w.tiers])[net_tier]
         else:  # constant, lognormal
-            down, up = np.full(n, float(w.down_mbps)), np.full(n, float(w.up_mbps))
+            down, up = _constant(float(w.down_mbps), n), _constant(float(w.up_mbps), n)
             if w.kind == "lognormal":
-                down *= np.exp(w.sigma * self._rng("down_mbps").standard_normal(n))
-                up *= np.exp(w.sigma * self._rng("up_mbps").standard_normal(n))
-            latency = np.full(n, float(w.latency_s))
+                down = down * np.exp(w.sigma * self._rng("down_mbps").standard_normal(n))
+                up = up * np.exp(w.sigma * self._rng("up_mbps").standard_normal(n))
+            latency = _constant(float(w.latency_s), n)
         self.profile.update(down_mbps=down, up_mbps=up, latency_s=latency, net_tier=net_tier)
 
     def _draw_availability(self) -> None:
         a, n = self.cfg.availability, self.num_clients
-        self.profile["phase"] = self._rng("phase").random(n) if a.kind == "diurnal" else np.zeros(n)
+        self.profile["phase"] = self._rng("phase").random(n) if a.kind == "diurnal" else _constant(0.0, n)
         self._intervals = load_availability_trace(a.path, n) if a.kind == "trace" else None
         # expected share of clients available at a dispatch (trace: ever online), for describe() and batch sizes
         self._online_share = (self._intervals.clients_with_intervals / n if a.kind == "trace" else
@@ -126,14 +130,16 @@ class SystemModel:
     def _draw_unreliable(self) -> None:
         u = self.cfg.unreliable
         self.profile["participation"] = self._draw_distribution("participation", u.participation)
-        steps = (np.zeros(self.num_clients) if u.local_steps is None
-                 else self._draw_distribution("local_steps", u.local_steps))
-        self.profile["local_steps"] = steps.astype(np.int64)
+        self.profile["local_steps"] = (_constant(0, self.num_clients) if u.local_steps is None
+                                       else self._draw_distribution("local_steps", u.local_steps).astype(np.int64))
 
     def _draw_byzantine(self) -> None:
         """The Byzantine clients: those listed, or the round(fraction·N) clients with the smallest
         uniforms of the profile stream (one uniform per client)."""
         b, n = self.cfg.byzantine, self.num_clients
+        if b.clients is None and b.fraction == 0:
+            self.profile["byzantine"] = _constant(False, n)
+            return
         byzantine = np.zeros(n, dtype=bool)
         if b.clients is not None:
             check_byzantine_ids(list(b.clients), n)
@@ -145,7 +151,7 @@ class SystemModel:
     def _draw_distribution(self, field: str, d) -> np.ndarray:
         n = self.num_clients
         if d.kind == "constant":
-            return np.full(n, float(d.value))
+            return _constant(float(d.value), n)
         if d.kind == "uniform":
             return self._rng(field).uniform(d.low, d.high, n)
         if d.kind == "uniform_int":
@@ -188,9 +194,9 @@ class SystemModel:
     def available(self, client_ids, t: float, counter: int) -> np.ndarray:
         """Whether each client can be sampled at virtual time ``t`` by dispatch ``counter`` (bool array).
 
-        always: True; bernoulli: uniform ``client`` of the stream
-        ``(Purpose.SYSTEM_AVAILABILITY, counter)`` < p (N uniforms are drawn once per counter and
-        kept for the latest counter: ~4 ms for N = 1,000,000); diurnal: ``(t / period +
+        always: True; bernoulli: a uniform < p, the client's hash under a key drawn from the stream
+        ``(Purpose.SYSTEM_AVAILABILITY, counter)`` (see :func:`_uniforms`: it costs O(clients asked
+        about), whatever the population); diurnal: ``(t / period +
         phase) mod 1 < on_fraction``; trace: ``t`` lies in one of the client's intervals.
         """
         ids = np.asarray(client_ids, dtype=np.int64)
@@ -199,17 +205,18 @@ class SystemModel:
             return np.ones(ids.shape, dtype=bool)
         if a.kind == "bernoulli":
             if self._coins_counter != counter:
-                rng = stream(self.seed, Purpose.SYSTEM_AVAILABILITY, int(counter))
-                self._coins_counter, self._coins = counter, rng.random(self.num_clients)
-            return self._coins[ids] < a.p
+                key = stream(self.seed, Purpose.SYSTEM_AVAILABILITY, int(counter)).integers(0, 2 ** 64, dtype=np.uint64)
+                self._coins_counter, self._coins = counter, key
+            return _uniforms(self._coins, ids) < a.p
         if a.kind == "diurnal":
             return np.mod(t / a.period + self.profile["phase"][ids], 1.0) < a.on_fraction
         return self._intervals.active(ids, t)  # trace
 
-    def sample_available(self, t: float, counter: int, k: int, exclude=None) -> np.ndarray:
+    def sample_available(self, t: float, counter: int, k: int, exclude=None,
+                         excluded_count: int | None = None) -> np.ndarray:
         """Up to ``k`` distinct clients, uniformly among those available at ``t`` and not in
-        ``exclude`` (client ids, or a boolean mask over all clients), sorted by id (fewer,
-        possibly none, if fewer are eligible).
+        ``exclude`` (client ids, or a boolean mask over all clients with ``excluded_count`` True
+        entries, counted here if not given), sorted by id (fewer, possibly none, if fewer are eligible).
 
         Algorithm: all clients in a random order (a keyed pseudorandom permutation
         whose keys come from the stream ``(Purpose.SYSTEM_SAMPLE, counter)``, see
@@ -221,7 +228,8 @@ class SystemModel:
         """
         order = _RandomOrder(self.num_clients, stream(self.seed, Purpose.SYSTEM_SAMPLE, int(counter)))
         if exclude is not None and exclude.dtype == bool:  # a mask over all clients: O(1) lookups
-            mask, n_excluded = exclude, int(np.count_nonzero(exclude))
+            mask = exclude
+            n_excluded = int(np.count_nonzero(exclude)) if excluded_count is None else excluded_count
         else:
             excluded = np.unique(np.asarray(exclude if exclude is not None else [], dtype=np.int64))
             mask, n_excluded = None, len(excluded)
@@ -291,7 +299,27 @@ class SystemModel:
         return out
 
 
+def _constant(value, n: int) -> np.ndarray:
+    """A read-only array of ``n`` copies of ``value`` that takes no memory per client (a profile
+    field every client shares)."""
+    return np.broadcast_to(np.asarray(value), (n,))
+
+
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finalizer: a bijection of uint64 that spreads every input bit over the output."""
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def _uniforms(key: np.uint64, ids: np.ndarray) -> np.ndarray:
+    """One uniform in [0, 1) per client id under ``key`` (a counter-based generator: client ``c``'s
+    value depends only on ``key`` and ``c``)."""
+    with np.errstate(over="ignore"):
+        return (_mix((ids.astype(np.uint64) + key) * _GOLDEN) >> np.uint64(11)) * 2.0 ** -53
 
 
 class _RandomOrder:
@@ -315,10 +343,7 @@ class _RandomOrder:
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self.half, x & self.mask
         for key in self.keys:
-            z = (right + key) * _GOLDEN
-            z = (z ^ (z >> np.uint64(30))) * _MIX1
-            z = (z ^ (z >> np.uint64(27))) * _MIX2
-            left, right = right, left ^ ((z ^ (z >> np.uint64(31))) & self.mask)
+            left, right = right, left ^ (_mix((right + key) * _GOLDEN) & self.mask)
         return (left << self.half) | right
 
     def slice(self, start: int, stop: int) -> np.ndarray:

@@ -1,0 +1,134 @@
+"""Generated data sets built client by client, where and when a client's rows are needed.
+
+A generator's law makes client ``k``'s rows a pure function of (seed, k), so nothing has to exist
+for a client that is never sampled: a :class:`GeneratedDataset` is a small Arrow table (each
+client's train and test sizes, and the law's name, seed and parameters as schema metadata). It
+travels through Ray's object store like a federated table, and every host builds the rows of the
+clients it trains, keeping the most recently built ones in a bounded cache. Its rows are the
+bytes :meth:`GeneratedDataset.materialize` puts in a :class:`FederatedDataset`, so a run gives the
+same results whether its data set is built up front or on demand (``data.on_demand``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+
+from raysim.data.federated import ClientRows, FederatedDataset, packed_offsets, split_rows
+
+CACHE_MB = 128  # data.cache_mb's default: built rows a host keeps, per process
+ON_DEMAND_ABOVE = 1 << 30  # data.on_demand: auto builds rows on demand when the whole table would exceed this
+
+
+def laws() -> dict:
+    """The generators that can build one client at a time: name -> law class (``Law(seed, **params)``
+    with ``num_classes``, ``feature_shape``, ``sizes(num_clients)`` and ``rows(k, n_train, n_test)``)."""
+    from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw
+    from raysim.data.saddle import SaddleLaw
+
+    return {law.name: law for law in (GaussianMixtureLaw, LeafSyntheticLaw, SaddleLaw)}
+
+
+class GeneratedDataset:
+    """A generated data set whose rows are built per client on demand (see the module doc).
+
+    The table has one row per client (``train_size``, ``test_size``, int32); its schema metadata
+    holds ``kind`` (``generated``), ``generator``, ``seed``, ``params`` (JSON) and ``cache_bytes``.
+    """
+
+    def __init__(self, table: pa.Table):
+        meta = table.schema.metadata
+        self.table = table
+        self.law = laws()[meta[b"generator"].decode()](int(meta[b"seed"]), **json.loads(meta[b"params"]))
+        self.cache_bytes = int(meta[b"cache_bytes"])
+        self._train = table.column("train_size").to_numpy().astype(np.int64)
+        self._test = table.column("test_size").to_numpy().astype(np.int64)
+        self._cache: OrderedDict = OrderedDict()  # client id -> (features, labels), least recent first
+        self._cached_bytes = 0
+
+    def __reduce__(self):
+        return (GeneratedDataset, (self.table,))
+
+    @classmethod
+    def create(cls, law, num_clients: int, cache_mb: float = CACHE_MB) -> GeneratedDataset:
+        """The data set of ``num_clients`` clients under ``law`` (only their sizes are computed)."""
+        train, test = law.sizes(num_clients)
+        meta = {"kind": "generated", "generator": law.name, "seed": str(law.seed), "params": json.dumps(law.params),
+                "cache_bytes": str(int(cache_mb * 2 ** 20))}
+        schema = pa.schema([("train_size", pa.int32()), ("test_size", pa.int32())],
+                           metadata={k.encode(): v.encode() for k, v in meta.items()})
+        return cls(pa.Table.from_arrays([pa.array(train, pa.int32()), pa.array(test, pa.int32())], schema=schema))
+
+    @property
+    def num_clients(self) -> int:
+        return len(self._train)
+
+    @property
+    def num_classes(self) -> int:
+        return self.law.num_classes
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return self.law.feature_shape
+
+    @property
+    def num_features(self) -> int:
+        return int(np.prod(self.feature_shape))
+
+    def train_sizes(self) -> np.ndarray:
+        """int64 ``[num_clients]``: train rows per client."""
+        return self._train
+
+    def test_sizes(self) -> np.ndarray:
+        """int64 ``[num_clients]``: test rows per client."""
+        return self._test
+
+    def client(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows (train then test): float32 features ``[n, D]`` and int64 labels, from
+        the cache or built now (and cached, evicting the least recently used clients)."""
+        if k in self._cache:
+            self._cache.move_to_end(k)
+            return self._cache[k]
+        rows = self.law.rows(k, int(self._train[k]), int(self._test[k]))
+        size = rows[0].nbytes + rows[1].nbytes
+        if size <= self.cache_bytes:
+            while self._cached_bytes + size > self.cache_bytes:
+                _, (x, y) = self._cache.popitem(last=False)
+                self._cached_bytes -= x.nbytes + y.nbytes
+            self._cache[k], self._cached_bytes = rows, self._cached_bytes + size
+        return rows
+
+    def rows_of(self, client_ids, split: str = "all") -> ClientRows:
+        """The ``split`` rows ('all', 'train' or 'test') of the given clients, built as needed."""
+        ids = np.asarray(client_ids, dtype=np.int64)
+        train, test = self._train[ids], self._test[ids]
+        local = np.stack([np.zeros_like(train), train, train + test], axis=1)
+        lo, hi = split_rows(local, split)
+        blocks = [self.client(int(k)) for k in ids]
+        features = np.concatenate([x[a:b] for (x, _), a, b in zip(blocks, lo, hi)]) if len(ids) else \
+            np.empty((0, self.num_features), np.float32)
+        labels = np.concatenate([y[a:b] for (_, y), a, b in zip(blocks, lo, hi)]) if len(ids) else np.empty(0, np.int64)
+        return ClientRows(features, labels, packed_offsets(local, lo, hi))
+
+    def materialize(self) -> FederatedDataset:
+        """Every client's rows in one :class:`FederatedDataset` (built in threads: each client has
+        its own stream and rows, so the bytes are those of a serial loop)."""
+        sizes = self._train + self._test
+        ends = np.cumsum(sizes)
+        x = np.empty((int(ends[-1]), self.num_features), dtype=np.float32)
+        y = np.empty(int(ends[-1]), dtype=np.int64)
+
+        def fill(clients: np.ndarray) -> None:
+            for k in clients.tolist():
+                rows = slice(int(ends[k] - sizes[k]), int(ends[k]))
+                x[rows], y[rows] = self.law.rows(k, int(self._train[k]), int(self._test[k]))
+
+        workers = min(8, os.cpu_count() or 1)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(fill, np.array_split(np.arange(self.num_clients), 4 * workers)))
+        return FederatedDataset.from_sorted(x, y, self._train, self._test, self.num_classes, self.feature_shape)

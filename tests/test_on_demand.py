@@ -1,0 +1,134 @@
+"""Client data built on demand: the same rows as the materialized table, a bounded cache, the same
+results, evaluation on a seeded sample of clients, and memory that does not grow with the population."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import small_scenario
+from raysim.api import execute
+from raysim.data import GeneratedDataset, build_dataset, open_dataset
+from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw
+from raysim.data.saddle import SaddleLaw
+from raysim.engine.evaluation import GlobalEvaluator
+from raysim.engine.scheduler import evaluated_clients
+
+LAWS = {"gaussian_mixture": lambda: GaussianMixtureLaw(3), "leaf_synthetic": lambda: LeafSyntheticLaw(3, 0.5, 0.5, 0.2),
+        "saddle": lambda: SaddleLaw(3, 7, 5, 0.3)}
+# sha256 (first 16 hex digits) of features, labels and offsets of each generator's table as the
+# materializing generators built it before rows could be built per client (40, 30 and 20 clients)
+BEFORE = {"gaussian_mixture": (40, "c65242592497d8fc"), "leaf_synthetic": (30, "d4e5874e7fe02890"),
+          "saddle": (20, "3344919ed3dac3e6")}
+
+
+def _digest(dataset) -> str:
+    h = hashlib.sha256()
+    for part in (np.ascontiguousarray(dataset.features()), dataset.labels(), dataset.offsets()):
+        h.update(part.tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("name", sorted(LAWS))
+def test_rows_built_per_client_equal_the_table_row_for_row(name):
+    clients, digest = BEFORE[name]
+    lazy = GeneratedDataset.create(LAWS[name](), clients)
+    table = lazy.materialize()
+    assert _digest(table) == digest  # the law has not changed
+    ids = np.array([clients - 1, 0, 5, 5, 2])
+    for split in ("all", "train", "test"):
+        mine, theirs = lazy.rows_of(ids, split), table.rows_of(ids, split)
+        assert np.array_equal(mine.features, theirs.features) and np.array_equal(mine.labels, theirs.labels)
+        assert np.array_equal(mine.offsets, theirs.offsets)
+    rows = lazy.rows_of(ids)
+    for i, k in enumerate(ids):
+        a, b, c = table.offsets()[k]
+        lo, mid, hi = rows.offsets[i]
+        assert np.array_equal(rows.features[lo:hi], table.features()[a:c]) and mid - lo == b - a
+    assert np.array_equal(lazy.train_sizes(), table.train_sizes())
+    assert np.array_equal(lazy.test_sizes(), table.test_sizes())
+    # it travels as a small table (sizes and the law), and is the same data set on the other side
+    opened = open_dataset(lazy.table)
+    assert isinstance(opened, GeneratedDataset) and lazy.table.num_rows == clients
+    assert np.array_equal(opened.rows_of(ids).features, rows.features)
+
+
+def test_cache_keeps_at_most_its_budget_and_the_latest_clients():
+    one_client = 60 * 4 * 70 + 8 * 70  # features and labels of a gaussian_mixture client with 60 + 10 rows
+    lazy = GeneratedDataset.create(GaussianMixtureLaw(0), 1000, cache_mb=3 * one_client / 2 ** 20)
+    for k in (151, 302, 453, 604):  # clients with 50 training rows: 60 rows each
+        lazy.client(k)
+    assert list(lazy._cache) == [302, 453, 604] and lazy._cached_bytes <= lazy.cache_bytes
+    again = lazy.client(302)
+    assert again is lazy._cache[302] and list(lazy._cache) == [453, 604, 302]
+    none = GeneratedDataset.create(GaussianMixtureLaw(0), 10, cache_mb=0)
+    none.client(3)
+    assert not none._cache
+
+
+def test_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
+    cfg = small_scenario(tmp_path, "data.num_clients=10000")
+    assert not isinstance(build_dataset(cfg.data, 0), GeneratedDataset)  # auto: 10^4 clients are ~290 MB
+    big = small_scenario(tmp_path, "data.num_clients=100000")
+    assert isinstance(build_dataset(big.data, 0), GeneratedDataset)  # ~2.9 GB: on demand
+    sums = {}
+    for on_demand in ("true", "false"):
+        run = small_scenario(tmp_path / on_demand, f"data.on_demand={on_demand}", "eval.clients=25")
+        summary, prepared = execute(run)
+        assert isinstance(prepared.dataset, GeneratedDataset) == (on_demand == "true")
+        assert summary["data_on_demand"] == (on_demand == "true") and summary["evaluated_clients"] == 25
+        rounds = (tmp_path / on_demand / "out" / "rounds.parquet")
+        import pyarrow.parquet as pq
+
+        sums[on_demand] = (summary["model_sha256"], pq.read_table(rounds).column("test_accuracy").to_pylist())
+    assert sums["true"] == sums["false"]
+
+
+def test_global_evaluation_on_a_seeded_sample(tmp_path):
+    cfg = small_scenario(tmp_path, "eval.clients=7")
+    dataset = build_dataset(cfg.data, cfg.seed)
+    chosen = evaluated_clients(cfg, dataset.num_clients)
+    assert len(chosen) == 7 and list(chosen) == sorted(set(chosen.tolist()))
+    assert list(chosen) == list(evaluated_clients(small_scenario(tmp_path, "eval.clients=7"), 40))
+    assert list(evaluated_clients(small_scenario(tmp_path), 40)) == list(range(40))  # null: everyone
+    from raysim.models import build_model
+
+    model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
+    evaluator = GlobalEvaluator(model, dataset, chosen, threads=1)
+    assert evaluator.num_rows == 7 * 10  # 10 test rows per gaussian_mixture client
+    test = dataset.rows_of(chosen, "test")
+    assert np.array_equal(evaluator.labels.numpy(), test.labels)
+
+
+def _peak_rss(tmp_path, clients: int) -> tuple[int, dict]:
+    """Peak RSS (bytes) of the process tree of a 2-round W1 run with ``clients`` clients, and its summary."""
+    from raysim.bench.process_tree import measure
+
+    out = tmp_path / str(clients)
+    figures = measure([sys.executable, "-m", "raysim.cli", "run", "scenarios/bench/w1.yaml", "--quiet",
+                       f"data.num_clients={clients}", "eval.clients=100", "execution.rounds=2", "runtime.num_cpus=2",
+                       "runtime.num_actors=1", f"output.dir={out}"], rss_interval=0.05)
+    assert figures["returncode"] == 0
+    return figures["peak_rss"], json.loads((out / "summary.json").read_text())
+
+
+def test_memory_does_not_grow_with_registered_clients(tmp_path):
+    small, _ = _peak_rss(tmp_path, 1000)
+    large, summary = _peak_rss(tmp_path, 100_000)  # materialized, ~2.9 GB of rows plus the object store's copy
+    assert summary["data_on_demand"] and summary["status"] == "completed"
+    print(f"peak RSS: {small / 2 ** 20:.0f} MiB with 10^3 clients, {large / 2 ** 20:.0f} MiB with 10^5")
+    assert large < small + 200 * 2 ** 20
+
+
+def test_bad_on_demand_and_eval_clients_values(tmp_path):
+    for override, message in (("data.on_demand=sometimes", "data.on_demand = 'sometimes': expected true, false or auto"),
+                              ("eval.clients=41", "eval.clients = 41: expected null (every client) or an integer in "
+                                                  "[1, 40] (the data set's number of clients)")):
+        proc = subprocess.run([sys.executable, "-m", "raysim.cli", "validate", "scenarios/quickstart.yaml",
+                               "data.num_clients=40", override], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr
