@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, resume, validate, list, submit, jobs, report, bench."""
+"""The ``raysim`` command: run, resume, validate, list, submit, jobs, report, bench, sweep."""
 
 from __future__ import annotations
 
@@ -137,12 +137,25 @@ def cmd_list(args) -> int:
 
 def cmd_submit(args) -> int:
     from raysim.config import load_scenario
+    from raysim.sweep import plan_sweep, read_scenario
 
-    cfg = load_scenario(args.scenario, args.overrides)  # bad input fails before anything is submitted
+    if read_scenario(args.scenario)[1]:  # a sweep: section: the job runs `raysim sweep FILE`
+        command, cfgs = "sweep", [p.cfg for p in plan_sweep(args.scenario, overrides=args.overrides).points]
+    else:
+        command, cfgs = "run", [load_scenario(args.scenario, args.overrides)]  # bad input fails before submitting
     from actors.jobs import in_repository, local_modules, submit
 
-    return submit(args.address, ["run", in_repository(args.scenario), *args.overrides], args.follow,
-                  not args.no_wait, not args.no_pip, local_modules(cfg))
+    modules = sorted({module for cfg in cfgs for module in local_modules(cfg)})
+    return submit(args.address, [command, in_repository(args.scenario), *args.overrides], args.follow,
+                  not args.no_wait, not args.no_pip, modules)
+
+
+def cmd_sweep(args) -> int:
+    from raysim.sweep import plan_sweep, run_sweep
+
+    sweep = plan_sweep(args.scenario, args.grid, args.overrides, repeat=args.repeat, out=args.out,
+                       parallel=args.parallel, plots=args.plot)
+    return run_sweep(sweep, in_process=args.in_process, quiet=args.quiet)
 
 
 def cmd_jobs(args) -> int:
@@ -165,7 +178,8 @@ def cmd_bench(args) -> int:
     from raysim.bench import run_bench
 
     return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
-                     durability=args.durability, events=args.events, aggregators=args.aggregators)
+                     durability=args.durability, events=args.events, aggregators=args.aggregators, scale=args.scale,
+                     scale_clients=args.clients)
 
 
 def _job_options(p, required: bool) -> None:
@@ -227,10 +241,34 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--events", type=int, default=1_000_000, help="applied updates of --durability's long run")
     bench.add_argument("--aggregators", action="store_true",
                        help="time every aggregator on 100 updates of 10^6 numbers, as a ratio to the mean")
+    bench.add_argument("--scale", action="store_true",
+                       help="W1 with --clients registered clients against W1 (1,000): round time, time to the "
+                            "first round and peak memory of the process tree")
+    bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--out", default="results/bench", help="directory for the runs' outputs")
     bench.add_argument("--repeat", type=int, default=1, help="runs per side (medians are reported)")
     bench.set_defaults(func=cmd_bench)
+    swp = sub.add_parser("sweep", help="run every point of a grid of scenario keys (and repeats) as a full run; "
+                                       "one table (sweep.parquet) and plots")
+    swp.add_argument("scenario", help="scenario YAML file (a sweep: section gives the grid and these options)")
+    swp.add_argument("overrides", nargs="*", help="key=value overrides for every point")
+    swp.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,…",
+                     help="a grid key and its values (YAML, lists in brackets: model.hidden=[64],[64,64]); repeat "
+                          "for more keys, the points are their Cartesian product")
+    swp.add_argument("--repeat", type=int, help="runs per point, repeat r with seed + r (default 1)")
+    swp.add_argument("--out", help="the sweep's directory: <out>/<point>/ per run, sweep.parquet, plots "
+                                   "(default results/sweeps/<name>)")
+    swp.add_argument("--parallel", type=int, help="points run at once, each in its own process (default 1); each "
+                                                  "point's embedded Ray then declares runtime.num_cpus = CPUs // N "
+                                                  "(at least 1) unless the scenario sets it")
+    swp.add_argument("--plot", action="append", metavar="METRIC:KEY",
+                     help="also plot a column of sweep.parquet against a grid key, e.g. wall_seconds:data.num_clients")
+    swp.add_argument("--in-process", action="store_true",
+                     help="run the points one after another in this process, sharing one Ray session (quicker; "
+                          "memory figures are then not comparable with isolated runs)")
+    swp.add_argument("--quiet", action="store_true", help="no line per point")
+    swp.set_defaults(func=cmd_sweep)
     return p
 
 

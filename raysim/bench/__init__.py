@@ -95,12 +95,18 @@ def run_async_bench(out: Path, repeat: int) -> dict:
 
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
               asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
-              aggregators: bool = False) -> int:
+              aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``. ``durability``, ``asynchronous``
-    and ``aggregators`` run those benchmarks instead."""
+    ``aggregators`` and ``scale`` run those benchmarks instead."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if scale:
+        from raysim.bench.scale import run_scale_bench
+
+        print(f"raysim bench --scale on {os.cpu_count()} CPUs; each run in a fresh process")
+        (out / "bench_scale.json").write_text(json.dumps(run_scale_bench(out, repeat, scale_clients), indent=2) + "\n")
+        return 0
     if aggregators:
         from raysim.bench.aggregators import run_aggregator_bench
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 
 import psutil
 
@@ -24,8 +25,10 @@ def _tree_memory(root: psutil.Process, pss: bool) -> int:
     return total
 
 
-def measure(command: list, rss_interval: float = 0.2, pss_every: int = 5) -> dict:
-    """Run ``command``; return its exit code, wall seconds and peak tree PSS/RSS (bytes).
+@contextmanager
+def peak_memory(pid: int, rss_interval: float = 0.2, pss_every: int = 5):
+    """Sample the memory of process ``pid`` and its descendants in a thread while the block runs;
+    yields a dict whose ``rss`` and ``pss`` hold the peaks so far (bytes), final once the block ends.
 
     PSS (proportional set size) splits shared pages, such as the object store
     and shared libraries, between the processes that map them; it is the
@@ -34,23 +37,37 @@ def measure(command: list, rss_interval: float = 0.2, pss_every: int = 5) -> dic
     each process's page tables (which slows the process being measured), so it
     is sampled only every ``pss_every`` RSS samples.
     """
-    began = time.perf_counter()
-    proc = subprocess.Popen(command)
-    root = psutil.Process(proc.pid)
+    root = psutil.Process(pid)
     peak = {"pss": 0, "rss": 0}
+    stop = threading.Event()
 
     def sample():
         tick = 0
-        while proc.poll() is None:
+        while not stop.is_set():
             peak["rss"] = max(peak["rss"], _tree_memory(root, pss=False))
             if tick % pss_every == pss_every - 1:
                 peak["pss"] = max(peak["pss"], _tree_memory(root, pss=True))
             tick += 1
-            time.sleep(rss_interval)
+            stop.wait(rss_interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    code = proc.wait()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def measure(command: list, rss_interval: float = 0.2, pss_every: int = 5, started=None) -> dict:
+    """Run ``command``; return its exit code, wall seconds and peak tree PSS/RSS (bytes), sampled
+    as :func:`peak_memory` does. ``started(popen)``, if given, is called once the process runs
+    (e.g. to keep its pid, to stop it from another thread)."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(command)
+    if started is not None:
+        started(proc)
+    with peak_memory(proc.pid, rss_interval, pss_every) as peak:
+        code = proc.wait()
     wall = time.perf_counter() - began
-    sampler.join()
     return {"returncode": code, "wall_seconds": wall, "peak_pss": peak["pss"], "peak_rss": peak["rss"]}

@@ -1,0 +1,146 @@
+"""A sweep's results: what a point's run left in its directory, its row of sweep.parquet, the table.
+
+A point's directory holds its run's files and ``sweep_point.json`` (:data:`MEASURED`), written
+once the point has run: exit status, wall seconds and peak RSS as the sweep measured them, the
+mode that ran it and the code version. A point is done when its summary says ``completed``,
+its ``scenario.yaml`` is the point's scenario and that file is there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import OmegaConf
+
+from raysim.errors import ScenarioError
+
+MEASURED = "sweep_point.json"
+METRICS = ("wall_seconds", "startup_seconds", "steady_updates_per_second", "median_round_seconds",
+           "peak_rss_bytes", "final_test_accuracy", "virtual_time")
+_TYPES = {"repeat": pa.int64(), "status": pa.string(), **{m: pa.float64() for m in METRICS},
+          "peak_rss_bytes": pa.int64(), "mode": pa.string(), "output_dir": pa.string(),
+          "raysim_version": pa.string(), "git_commit": pa.string()}
+
+
+def code_version() -> dict:
+    """``raysim_version`` (``raysim.__version__``) and ``git_commit`` (HEAD of the git checkout
+    the package lies in; None when it lies in none or git is missing)."""
+    import raysim
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(raysim.__file__).parent, capture_output=True,
+                              text=True, timeout=10)
+        commit = head.stdout.strip() if head.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"raysim_version": raysim.__version__, "git_commit": commit or None}
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_measured(point, measured: dict) -> None:
+    """Write a point's :data:`MEASURED` file (whole, under a temporary name first)."""
+    tmp = point.dir / f".{MEASURED}.tmp"
+    tmp.write_text(json.dumps(measured, indent=2) + "\n")
+    os.replace(tmp, point.dir / MEASURED)
+
+
+def forget_measured(point) -> None:
+    """Remove a point's :data:`MEASURED` file before it runs (again)."""
+    (point.dir / MEASURED).unlink(missing_ok=True)
+
+
+def is_done(point) -> bool:
+    """Whether the point's directory holds its completed run. ScenarioError when it holds a run of
+    another scenario (output.dir aside, and runtime.num_cpus when the scenario leaves it to the sweep):
+    one directory never mixes two runs."""
+    stored = point.dir / "scenario.yaml"
+    if not stored.is_file():
+        return False
+    from raysim.config import to_yaml
+
+    ours = _comparable(OmegaConf.to_container(OmegaConf.create(to_yaml(point.cfg))), point.cfg.runtime.num_cpus)
+    try:
+        theirs = _comparable(OmegaConf.to_container(OmegaConf.load(stored)), point.cfg.runtime.num_cpus)
+    except Exception:  # not YAML, not a mapping…
+        theirs = {"scenario.yaml": "unreadable"}
+    if theirs != ours:
+        key = next(k for k in sorted(set(theirs) | set(ours)) if theirs.get(k, "unset") != ours.get(k, "unset"))
+        raise ScenarioError("sweep point", str(point.dir), f"a directory of this point's runs only; it holds a run "
+                            f"of another scenario ({key}: {theirs.get(key, 'unset')!r} there, "
+                            f"{ours.get(key, 'unset')!r} here): remove it or choose another --out")
+    summary = _json(point.dir / "summary.json") or {}
+    return summary.get("status") == "completed" and (point.dir / MEASURED).is_file()
+
+
+def _comparable(scenario, num_cpus) -> dict:
+    """A scenario as {dotted key: value}, without output.dir and, when ``num_cpus`` is None (the
+    sweep may choose it), runtime.num_cpus."""
+    if not isinstance(scenario, dict):
+        return {"scenario.yaml": "not a mapping"}
+    flat = dict(_flatten(scenario))
+    flat.pop("output.dir", None)
+    if num_cpus is None:
+        flat.pop("runtime.num_cpus", None)
+    return flat
+
+
+def _flatten(node: dict, prefix: str = ""):
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def point_row(point) -> dict:
+    """The point's row of sweep.parquet (the figures of a run that did not complete are null)."""
+    from raysim.bench import _steady
+
+    measured = _json(point.dir / MEASURED) or {}
+    summary = _json(point.dir / "summary.json") or {}
+    status = summary.get("status", "failed") if measured.get("returncode") == 0 else "failed"
+    row = {**point.values, "repeat": point.repeat, "status": status, **{m: None for m in METRICS},
+           "wall_seconds": measured.get("wall_seconds"), "peak_rss_bytes": measured.get("peak_rss_bytes"),
+           "mode": measured.get("mode"), "output_dir": str(point.dir),
+           "raysim_version": measured.get("raysim_version"), "git_commit": measured.get("git_commit")}
+    if status != "completed":
+        return row
+    wall = pq.read_table(point.dir / "rounds.parquet", columns=["wall_time"]).column("wall_time").to_pylist()
+    ups = summary["steady_updates_per_second"]
+    if point.cfg.execution.mode == "sync":
+        steps = [b - a for a, b in zip([0.0] + wall[:-1], wall)]  # a round's wall: since the previous row
+        per_round = _steady(steps, point.cfg.execution.clients_per_round)[1]
+    else:
+        per_round = 1.0 / ups if ups else None
+    row.update(startup_seconds=summary["wall_seconds"] - (wall[-1] - wall[0]), steady_updates_per_second=ups,
+               median_round_seconds=per_round, final_test_accuracy=summary["final_test_accuracy"],
+               virtual_time=summary["virtual_time"])
+    return row
+
+
+def write_table(rows: list[dict], grid_keys, path: Path) -> None:
+    """sweep.parquet: one row per point and repeat; a grid column whose values have no common
+    Arrow type (e.g. 2 and 'auto') holds them as YAML text."""
+    from raysim.sweep.plan import value_text
+
+    columns = {}
+    for name in [*grid_keys, *_TYPES]:
+        values = [row[name] for row in rows]
+        try:
+            columns[name] = pa.array(values, type=_TYPES.get(name))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            columns[name] = pa.array([None if v is None else value_text(v) for v in values], pa.string())
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.table(columns), tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,198 @@
+"""Running a sweep's points: each in a fresh ``raysim run`` process (``parallel`` at a time), or one
+after another in this process (``in_process``), then writing sweep.parquet and the plots."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from raysim.errors import RunError, ScenarioError
+from raysim.sweep.plan import Sweep, cpus_per_point
+from raysim.sweep.results import (code_version, forget_measured, is_done, point_row, save_measured,
+                                  write_table)
+
+
+def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> int:
+    """Run the points not done yet, write ``<out>/sweep.parquet`` and the plots, print their paths;
+    0 when every point completed, RunError (exit 1) naming the points that did not."""
+    if in_process and sweep.parallel > 1:
+        raise ScenarioError("--parallel", sweep.parallel, "1 with --in-process (points run one after another)")
+    todo = [p for p in sweep.points if not is_done(p)]  # ScenarioError for a directory of another scenario
+    _prepare(todo, 1 if in_process else sweep.parallel)
+    say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    for point in sweep.points:
+        if point not in todo:
+            say(f"skipped {point.name}: completed in {point.dir}")
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    if todo:
+        (_run_in_process if in_process else _run_isolated)(sweep, todo, say)
+    from raysim.sweep.plots import write_plots
+
+    combos = len(sweep.points) // sweep.repeat  # points run repeat by repeat; rows go point by point
+    rows = [point_row(sweep.points[i]) for i in sorted(range(len(sweep.points)), key=lambda i: (i % combos, i))]
+    table = sweep.out / "sweep.parquet"
+    write_table(rows, list(sweep.grid), table)
+    print(table)
+    for path in write_plots(rows, sweep.grid, sweep.plots, sweep.out):
+        print(path)
+    failed = [row["output_dir"] for row in rows if row["status"] != "completed"]
+    if failed:
+        raise RunError(f"{len(failed)} of {len(rows)} sweep points did not complete: {', '.join(failed)}")
+    return 0
+
+
+def _prepare(points: list, parallel: int) -> None:
+    """Check that each point's actors fit its embedded Ray before anything runs; with
+    ``parallel`` > 1 points at once, an embedded Ray whose runtime.num_cpus the scenario leaves
+    unset gets a fair share of the CPUs."""
+    embedded = [p for p in points if p.cfg.runtime.backend == "ray"]
+    if not embedded:
+        return
+    from actors.runtime import cluster_address, embedded_plan
+
+    share = cpus_per_point(parallel)
+    for point in embedded:
+        if cluster_address(point.cfg.runtime) is not None:
+            continue
+        shared = parallel > 1 and point.cfg.runtime.num_cpus is None
+        if shared:
+            point.cfg.runtime.num_cpus = share
+            point.overrides.append(f"runtime.num_cpus={share}")
+        try:
+            embedded_plan(point.cfg.runtime)
+        except ScenarioError as exc:
+            note = f"; --parallel {parallel} gives each point runtime.num_cpus={share}" if shared else ""
+            raise ScenarioError(exc.key, exc.value, f"{exc.allowed} (at sweep point {point.name}{note})") from None
+
+
+def _started(say, point) -> None:
+    forget_measured(point)
+    point.dir.mkdir(parents=True, exist_ok=True)
+    say(f"start   {point.name}")
+
+
+def _finished(say, point, measured: dict) -> None:
+    save_measured(point, {**measured, **code_version()})
+    row = point_row(point)
+    ups = row["steady_updates_per_second"]
+    say(f"{'done' if row['status'] == 'completed' else row['status']:7s} {point.name}: {row['status']}, "
+        f"{row['wall_seconds']:.1f} s wall, {'-' if ups is None else f'{ups:.1f}'} updates/s")
+
+
+def _run_isolated(sweep: Sweep, todo: list, say) -> None:
+    """Each point as ``python -m raysim.cli run … --quiet`` in a fresh process, measured with its
+    whole process tree; ``sweep.parallel`` at once. Ctrl-C (or SIGTERM) ends the running ones
+    (SIGTERM, then SIGKILL) and stops the sweep."""
+    from raysim.bench.process_tree import measure
+
+    scenario = _scenario_file(sweep)
+    running = {}  # point name -> pid of its process, while it runs
+    lock, stopping = threading.Lock(), threading.Event()
+
+    def run(point):
+        def started(proc):
+            with lock:
+                running[point.name] = proc.pid
+                if stopping.is_set():  # started while the sweep was stopping
+                    proc.terminate()
+
+        _started(say, point)
+        figures = measure([sys.executable, "-m", "raysim.cli", "run", scenario, *point.overrides, "--quiet"],
+                          started=started)
+        with lock:
+            running.pop(point.name, None)
+        if stopping.is_set():  # ended by Ctrl-C: nothing to record, the point runs again next time
+            return
+        _finished(say, point, {"returncode": figures["returncode"], "wall_seconds": figures["wall_seconds"],
+                               "peak_rss_bytes": figures["peak_rss"], "mode": "isolated"})
+
+    pool = ThreadPoolExecutor(max_workers=sweep.parallel)
+    try:
+        pending = {pool.submit(run, point) for point in todo}
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+    except KeyboardInterrupt:
+        import psutil
+
+        from raysim.lifecycle import end_processes
+
+        pool.shutdown(wait=False, cancel_futures=True)
+        with lock:
+            stopping.set()
+            pids = list(running.values())
+        alive = []
+        for pid in pids:
+            try:
+                alive.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        end_processes(alive)
+        raise _stopped(sweep) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _scenario_file(sweep: Sweep) -> str:
+    """The file the points' ``raysim run`` loads: the scenario, or without its sweep: section
+    ``<out>/sweep_scenario.yaml``."""
+    if isinstance(sweep.source, str):
+        return sweep.source
+    from omegaconf import OmegaConf
+
+    path = sweep.out / "sweep_scenario.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(sweep.source)))
+    return str(path)
+
+
+def _run_in_process(sweep: Sweep, todo: list, say) -> None:
+    """Each point through :func:`raysim.api.execute` in this process, one after another; points
+    whose scenarios declare the same Ray (address, CPUs, GPUs) share one Ray session, started
+    before them (its start-up is not in their wall time): their own runtimes find Ray running and
+    leave it so (they end only their actors)."""
+    from raysim.api import execute, make_runtime
+    from raysim.bench.process_tree import peak_memory
+    from raysim.lifecycle import guarded
+
+    sessions = list(dict.fromkeys(_ray_of(p.cfg) for p in todo))  # points that share a Ray run together
+    with guarded() if any(sessions) else nullcontext():  # no process outlives the sweep's Ray
+        session, declared = None, None
+        try:
+            for point in sorted(todo, key=lambda p: sessions.index(_ray_of(p.cfg))):
+                if session is None or _ray_of(point.cfg) != declared:
+                    if session is not None:
+                        session.close()
+                    session, declared = make_runtime(point.cfg), _ray_of(point.cfg)
+                    session.start()
+                _started(say, point)
+                began = time.perf_counter()
+                with peak_memory(os.getpid()) as peak:
+                    try:
+                        execute(point.cfg, began=began)
+                        code = 0
+                    except (RunError, ScenarioError) as exc:
+                        print(f"error: {exc}", file=sys.stderr)
+                        code = 1
+                    except KeyboardInterrupt:
+                        raise _stopped(sweep) from None
+                _finished(say, point, {"returncode": code, "wall_seconds": time.perf_counter() - began,
+                                       "peak_rss_bytes": peak["rss"], "mode": "in-process"})
+        finally:
+            if session is not None:
+                session.close()
+
+
+def _ray_of(cfg):
+    """What a point's Ray session is started with (None: the local backend, no Ray)."""
+    r = cfg.runtime
+    return None if r.backend == "local" else (r.address, r.num_cpus, r.num_gpus)
+
+
+def _stopped(sweep: Sweep) -> KeyboardInterrupt:
+    return KeyboardInterrupt(f"interrupted: the sweep stopped; run the same command again to go on (completed "
+                             f"points in {sweep.out} are skipped)")

@@ -1,0 +1,191 @@
+"""`raysim sweep`: a grid of full runs, resumable, validated before anything runs, the same results
+in every mode; the YAML sweep: section; `raysim submit` of a sweep file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from raysim.cli import main
+from raysim.sweep.plan import parse_grid_options, split_values
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "scenarios" / "quickstart.yaml")
+# a run of a few tenths of a second once torch is loaded
+TINY = ["runtime.backend=local", "data.num_clients=40", "execution.clients_per_round=12", "model.hidden=[16]",
+        "eval.personalized_steps=0"]
+GRID = ["--grid", "execution.rounds=1,2", "--grid", "algorithm.lr=0.05,0.1"]
+POINTS = {f"execution.rounds={r},algorithm.lr={lr},repeat=0" for r in (1, 2) for lr in (0.05, 0.1)}
+
+
+def sweep(*args) -> int:
+    return main(["sweep", QUICKSTART, *TINY, *args])
+
+
+def summary(point_dir: Path) -> dict:
+    return json.loads((point_dir / "summary.json").read_text())
+
+
+def table(out: Path) -> list[dict]:
+    return pq.read_table(out / "sweep.parquet").to_pylist()
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory):
+    """A 2×2 grid, each point in its own `raysim run` process."""
+    out = tmp_path_factory.mktemp("sweep") / "grid"
+    assert sweep(*GRID, "--out", str(out), "--plot", "final_test_accuracy:algorithm.lr") == 0
+    return out
+
+
+def test_a_grid_runs_every_point_and_writes_the_table_and_plots(grid_sweep):
+    assert {p.name for p in grid_sweep.iterdir() if p.is_dir()} == POINTS
+    rows = table(grid_sweep)
+    assert [(r["execution.rounds"], r["algorithm.lr"], r["repeat"]) for r in rows] == \
+        [(1, 0.05, 0), (1, 0.1, 0), (2, 0.05, 0), (2, 0.1, 0)]
+    for row in rows:
+        assert row["status"] == "completed" and row["mode"] == "isolated"
+        assert row["wall_seconds"] > row["startup_seconds"] > 0 and row["peak_rss_bytes"] > 50 * 2 ** 20
+        assert row["median_round_seconds"] > 0 and 0 <= row["final_test_accuracy"] <= 1
+        assert row["raysim_version"] and Path(row["output_dir"]).name in POINTS
+        point = summary(Path(row["output_dir"]))
+        assert row["virtual_time"] == point["virtual_time"]
+        assert row["steady_updates_per_second"] == point["steady_updates_per_second"]  # null with one round
+    assert (grid_sweep / "final_test_accuracy_vs_algorithm.lr.png").stat().st_size > 0
+
+
+def test_a_second_call_skips_the_completed_points(grid_sweep, capsys):
+    summaries = sorted(grid_sweep.glob("*/summary.json"))
+    before = [p.stat().st_mtime_ns for p in summaries]
+    assert sweep(*GRID, "--out", str(grid_sweep)) == 0
+    err = capsys.readouterr().err
+    assert err.count("skipped ") == 4 and "start " not in err, err
+    assert [p.stat().st_mtime_ns for p in summaries] == before
+    assert len(table(grid_sweep)) == 4
+
+
+def test_a_directory_holding_another_scenario_is_an_error(grid_sweep, capsys):
+    files = sorted(p for p in grid_sweep.rglob("*") if p.is_file())
+    before = [p.stat().st_mtime_ns for p in files]
+    assert sweep(*GRID, "--out", str(grid_sweep), "seed=3") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "another scenario (seed: 0 there, 3 here)" in line and "execution.rounds=1,algorithm.lr=0.05" in line
+    assert [p.stat().st_mtime_ns for p in files] == before
+
+
+def test_in_process_gives_the_same_model(grid_sweep, tmp_path):
+    assert sweep("--grid", "execution.rounds=2", "algorithm.lr=0.1", "--in-process", "--out", str(tmp_path)) == 0
+    [row] = table(tmp_path)
+    assert row["mode"] == "in-process" and row["status"] == "completed"
+    isolated = grid_sweep / "execution.rounds=2,algorithm.lr=0.1,repeat=0"
+    assert summary(Path(row["output_dir"]))["model_sha256"] == summary(isolated)["model_sha256"]
+
+
+def test_a_ray_point_in_process_gives_the_same_model(grid_sweep, tmp_path):
+    """The isolated local run's model (results do not depend on the backend), from a sweep run in a
+    process of its own: --in-process starts Ray in the process that runs the sweep."""
+    out = tmp_path / "ray"
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "sweep", QUICKSTART, *TINY, "runtime.backend=ray",
+                           "runtime.num_cpus=1", "runtime.num_actors=1", "algorithm.lr=0.1", "--grid",
+                           "execution.rounds=2", "--in-process", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    [row] = table(out)
+    ray = summary(Path(row["output_dir"]))
+    assert ray["backend"] == "ray" and row["mode"] == "in-process"
+    assert ray["model_sha256"] == summary(grid_sweep / "execution.rounds=2,algorithm.lr=0.1,repeat=0")["model_sha256"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--grid", "data.foo=1,2"], "error: grid key data.foo = 1: expected a known key"),
+    (["--grid", "execution.rounds=1,abc"], "error: grid key execution.rounds = 'abc': expected a value of type int"),
+    (["--grid", "execution.rounds="], "error: grid key execution.rounds = '': expected one or more values"),
+    ([], "error: --grid = []: expected at least one grid key"),
+    (["--grid", "execution.rounds=1", "--grid", "execution.rounds=2"], "error: --grid = 'execution.rounds=2': "
+                                                                       "expected each grid key once"),
+    (["--grid", "execution.rounds=1", "--repeat", "0"], "error: --repeat = 0: expected an integer >= 1"),
+    (["--grid", "execution.rounds=1", "--parallel", "0"], "error: --parallel = 0: expected an integer >= 1"),
+], ids=["unknown-key", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0", "parallel-0"])
+def test_bad_input_is_one_line_before_anything_is_created(tmp_path, capsys, args, expected):
+    out = tmp_path / "out"
+    assert sweep(*args, "--out", str(out)) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(expected)
+    assert not out.exists()
+
+
+def test_grid_values_split_at_top_level_commas():
+    assert split_values("[64,64],[8],'a,b',{x: 1, y: 2}") == ["[64,64]", "[8]", "'a,b'", "{x: 1, y: 2}"]
+    assert parse_grid_options(["model.hidden=[64,64],[8]", "algorithm.lr=0.1,1e-3", "runtime.address=null"]) == \
+        {"model.hidden": [[64, 64], [8]], "algorithm.lr": [0.1, 0.001], "runtime.address": [None]}
+
+
+def test_repeats_vary_the_seed(tmp_path):
+    assert sweep("--grid", "execution.rounds=1", "seed=5", "--repeat", "2", "--in-process", "--out",
+                 str(tmp_path)) == 0
+    rows = table(tmp_path)
+    assert [r["repeat"] for r in rows] == [0, 1]
+    seeds = [summary(Path(r["output_dir"]))["seed"] for r in rows]
+    assert seeds == [5, 6]
+    assert [f"seed: {s}" in (Path(r["output_dir"]) / "scenario.yaml").read_text() for r, s in zip(rows, seeds)] == \
+        [True, True]
+
+
+def test_a_failed_point_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+    assert sweep("--grid", "algorithm.lr=0.05,1e30", "execution.rounds=1", "--in-process", "--out",
+                 str(tmp_path)) == 1
+    assert [r["status"] for r in table(tmp_path)] == ["completed", "failed"]
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: 1 of 2 sweep points did not complete")
+
+
+SWEEP_FILE = """\
+name: tiny
+data: {kind: gaussian_mixture, num_clients: 40}
+model: {kind: mlp, hidden: [16]}
+algorithm: {name: fedavg, lr: 0.05}
+execution: {mode: sync, rounds: 1, clients_per_round: 12}
+runtime: {backend: local}
+sweep:
+  grid: {algorithm.lr: [0.05, 0.1], model.hidden: [[16], [8]]}
+  repeat: 2
+  out: OUT
+  plots: ["wall_seconds:algorithm.lr"]
+"""
+
+
+def test_a_sweep_section_and_the_flags_that_override_it(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SWEEP_FILE.replace("OUT", str(tmp_path / "from_file")))
+    assert main(["sweep", str(path), "--in-process", "--quiet"]) == 0
+    rows = table(tmp_path / "from_file")
+    assert [(r["algorithm.lr"], r["model.hidden"], r["repeat"]) for r in rows] == \
+        [(lr, h, r) for lr in (0.05, 0.1) for h in ([16], [8]) for r in (0, 1)]
+    assert (tmp_path / "from_file" / "wall_seconds_vs_algorithm.lr.png").exists()
+    # a --grid key replaces that key's values; --repeat and --out replace the section's
+    assert main(["sweep", str(path), "--grid", "algorithm.lr=0.2", "--repeat", "1", "--out",
+                 str(tmp_path / "from_flags"), "--in-process", "--quiet"]) == 0
+    assert [(r["algorithm.lr"], r["model.hidden"], r["repeat"]) for r in table(tmp_path / "from_flags")] == \
+        [(0.2, [16], 0), (0.2, [8], 0)]
+
+
+def test_submit_of_a_sweep_file_submits_the_sweep(tmp_path, monkeypatch):
+    import actors.jobs
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SWEEP_FILE.replace("OUT", "results/sweeps/tiny"))
+    submitted = []
+    monkeypatch.setattr(actors.jobs, "in_repository", lambda scenario: scenario)
+    monkeypatch.setattr(actors.jobs, "submit", lambda address, command, *rest: submitted.append(command) or 0)
+    assert main(["submit", str(path), "execution.rounds=2", "--address", "http://head:8265"]) == 0
+    assert submitted == [["sweep", str(path), "execution.rounds=2"]]
