@@ -30,7 +30,7 @@ DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                    ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
                                                     "saddle"))
 SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
-GENERATED = when("data.kind", "gaussian_mixture", "leaf_synthetic", "saddle")  # built client by client
+GENERATED = when("data.kind", "gaussian_mixture", "leaf_synthetic", "saddle", "synthetic_images")  # built per client
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 
@@ -51,7 +51,7 @@ class PartitionConfig:
 class DataConfig:
     """The federated data set."""
 
-    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | blobs | parquet | quadratic | saddle
+    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | blobs | parquet | quadratic | saddle | synthetic_images
     num_clients: int = 100
     n: int = key(10000, "quadratic: rows of each client's matrices", when=QUADRATIC)
     d_theta: int = key(100, "quadratic: size of the global part θ", when=QUADRATIC)
@@ -66,16 +66,19 @@ class DataConfig:
                                      when=SPLIT)
     num_samples: int = key(20000, "blobs: samples in the centralized set", when=BLOBS)
     num_features: int = key(64, "blobs: features per sample", when=BLOBS)
-    num_classes: int = key(10, "blobs: classes", when=BLOBS)
+    num_classes: int = key(10, "blobs, synthetic_images: classes", when=when("data.kind", "blobs", "synthetic_images"))
     path: Optional[str] = key(None, "parquet: file or directory", when=PARQUET)
     label_column: str = key("label", "parquet: the label column", when=PARQUET)
     client_column: str = key("client_id", "parquet: the client column", when=PARQUET)
     feature_columns: Optional[List[str]] = key(None, "parquet: feature columns (null: all others)", when=PARQUET)
-    image_shape: Optional[List[int]] = key(None, "parquet: the shape of one image (cnn)", when=PARQUET)
-    samples_per_client: int = key(200, "saddle: training rows per client", check=positive_int, when=SADDLE)
+    image_shape: Optional[List[int]] = key(None, "parquet: the shape of one image (cnn); synthetic_images: [channels, "
+                                                 "height, width] (null: 3x32x32)",
+                                           when=when("data.kind", "parquet", "synthetic_images"))
+    samples_per_client: int = key(200, "saddle, synthetic_images: training rows per client", check=positive_int,
+                                  when=when("data.kind", "saddle", "synthetic_images"))
     dim: int = key(1, "saddle: dimension d of the features h (the bilinear model then has d + d² parameters)",
                    check=positive_int, when=SADDLE)
-    on_demand: Any = key("auto", "gaussian_mixture, leaf_synthetic, saddle: build a client's rows where and when it "
+    on_demand: Any = key("auto", "generated data (gaussian_mixture, leaf_synthetic, saddle, synthetic_images): build a client's rows where and when it "
                                  "trains (true), every row up front in one shared table (false), or on demand when "
                                  "that table would exceed 1 GiB (auto); results are the same either way",
                          check=Check(lambda v: v is True or v is False or v == "auto", "true, false or auto"),

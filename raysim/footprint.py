@@ -27,9 +27,8 @@ from raysim.errors import ScenarioError
 
 ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
 SIZE_BYTES = 8  # an on-demand data set's table: train and test sizes (int32) per client
-BUILD_FACTOR = {"gaussian_mixture": 1.0, "digits": 1.0, "leaf_synthetic": 2.5, "blobs": 4.0,  # float64 draws
-                "parquet": 7.0, "quadratic": 2.0,  # parquet: the file read whole, its features, their sorted copy
-                "saddle": 3.0}  # float64 draws, then their float32 copy
+BUILD_FACTOR = {"digits": 1.0, "blobs": 4.0,  # blobs: float64 draws; generated kinds fill the table client by client
+                "parquet": 7.0, "quadratic": 2.0}  # parquet: the file read whole, its features, their sorted copy
 SERVER_VECTORS = 6  # float64: parameters, aggregate, direction, step, two optimizer moments
 CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update, kept state, extras, copies
 ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
@@ -207,6 +206,14 @@ def _data_shape(d) -> tuple:
         rows = d.num_clients * (d.samples_per_client + saddle_test_rows(d.samples_per_client, d.test_fraction))
         return (rows, (d.dim,), 2, d.num_clients,
                 clients + (("data.samples_per_client", d.samples_per_client), ("data.dim", d.dim)))
+    if d.kind == "synthetic_images":
+        from raysim.data.generators import IMAGE_SHAPE
+        from raysim.data.saddle import saddle_test_rows
+
+        rows = d.num_clients * (d.samples_per_client + saddle_test_rows(d.samples_per_client, d.test_fraction))
+        shape = IMAGE_SHAPE if d.image_shape is None else tuple(d.image_shape)
+        return (rows, shape, d.num_classes, d.num_clients,
+                clients + (("data.samples_per_client", d.samples_per_client), ("data.image_shape", list(shape))))
     if d.kind == "parquet":
         from raysim.data.parquet import parquet_shape
 

@@ -46,6 +46,7 @@ class Purpose(IntEnum):
     BILINEAR_INIT = 19  # (): the bilinear model's initial parameters
     BYZANTINE_ATTACK = 20  # (server step,): the gaussian attack's vectors of that step
     BUCKETING = 21  # (aggregations so far,): the random permutation of bucketing at that aggregation
+    SYNTHETIC_IMAGES = 22  # (): the class prototypes; (client,): a client's shift, labels and noise
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

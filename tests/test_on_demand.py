@@ -14,17 +14,19 @@ import pytest
 from conftest import small_scenario
 from raysim.api import execute
 from raysim.data import GeneratedDataset, build_dataset, open_dataset
-from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw
+from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
 from raysim.data.saddle import SaddleLaw
 from raysim.engine.evaluation import GlobalEvaluator
 from raysim.engine.scheduler import evaluated_clients
+from raysim.errors import ScenarioError
 
 LAWS = {"gaussian_mixture": lambda: GaussianMixtureLaw(3), "leaf_synthetic": lambda: LeafSyntheticLaw(3, 0.5, 0.5, 0.2),
-        "saddle": lambda: SaddleLaw(3, 7, 5, 0.3)}
+        "saddle": lambda: SaddleLaw(3, 7, 5, 0.3), "synthetic_images": lambda: SyntheticImagesLaw(3, 6, [2, 8, 4], 3, 0.25)}
 # sha256 (first 16 hex digits) of features, labels and offsets of each generator's table as the
-# materializing generators built it before rows could be built per client (40, 30 and 20 clients)
+# materializing generators built it before rows could be built per client (40, 30 and 20 clients;
+# synthetic_images came with on-demand rows: its digest pins the law as first written)
 BEFORE = {"gaussian_mixture": (40, "c65242592497d8fc"), "leaf_synthetic": (30, "d4e5874e7fe02890"),
-          "saddle": (20, "3344919ed3dac3e6")}
+          "saddle": (20, "3344919ed3dac3e6"), "synthetic_images": (12, "f10fa68ceae2a8c4")}
 
 
 def _digest(dataset) -> str:
@@ -132,3 +134,14 @@ def test_bad_on_demand_and_eval_clients_values(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "raysim.cli", "validate", "scenarios/quickstart.yaml",
                                "data.num_clients=40", override], capture_output=True, text=True)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr
+
+
+def test_synthetic_images_have_the_shape_and_classes_asked_for():
+    law = SyntheticImagesLaw(0, 6, [2, 8, 4], 3, 0.25)
+    x, y = law.rows(5, 6, 2)
+    assert x.shape == (8, 2 * 8 * 4) and x.dtype == np.float32 and set(y.tolist()) <= {0, 1, 2}
+    assert law.sizes(4)[1].tolist() == [2] * 4  # 6 training rows are 75%: 2 test rows
+    prototypes = law.prototypes.reshape(3, 2, 8, 4)
+    assert np.array_equal(prototypes[:, :, :2, :1].std(axis=(2, 3)), np.zeros((3, 2)))  # 2x1 blocks of one value
+    with pytest.raises(ScenarioError, match=r"^data\.image_shape = \[3, 30, 32\]: expected \[channels, height"):
+        SyntheticImagesLaw(0, 6, [3, 30, 32], 10, 0.2)

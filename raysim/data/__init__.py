@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from raysim.data.federated import ClientRows, FederatedDataset
 from raysim.data.generated import ON_DEMAND_ABOVE, GeneratedDataset
-from raysim.data.generators import (GaussianMixtureLaw, LeafSyntheticLaw, blobs, digits, gaussian_mixture,
-                                    leaf_synthetic)
+from raysim.data.generators import (IMAGE_SHAPE, GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw, blobs,
+                                    digits, gaussian_mixture, leaf_synthetic)
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
 from raysim.data.saddle import SaddleLaw, saddle
@@ -35,6 +35,9 @@ DATASETS: dict[str, str] = {
     "saddle": "the strict-saddle problem of the second-order-guarantees paper: labels ±1 and features "
               "h = ±m_k·u + N(0, I) per client, m_k ~ U[0.5, 1.5] (keys: num_clients, samples_per_client, dim, "
               "test_fraction; use model.kind=bilinear)",
+    "synthetic_images": "images of one smooth prototype per class plus noise and a per-client brightness shift, "
+                        "in place of a downloaded image set (keys: num_clients, samples_per_client, image_shape "
+                        "[default 3x32x32], num_classes, test_fraction; use model.kind=cnn)",
 }
 
 
@@ -105,13 +108,19 @@ def _law(data_cfg, seed: int):
         return LeafSyntheticLaw(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction)
     if data_cfg.kind == "saddle":
         return SaddleLaw(seed, data_cfg.samples_per_client, data_cfg.dim, data_cfg.test_fraction)
+    if data_cfg.kind == "synthetic_images":
+        return SyntheticImagesLaw(seed, data_cfg.samples_per_client, data_cfg.image_shape or IMAGE_SHAPE,
+                                  data_cfg.num_classes, data_cfg.test_fraction)
     return None
+
+
+GENERATED = ("gaussian_mixture", "leaf_synthetic", "saddle", "synthetic_images")  # kinds built client by client
 
 
 def builds_on_demand(data_cfg) -> bool:
     """Whether a generated data set builds rows per client on demand (``data.on_demand``; auto: when
     the whole table would exceed :data:`~raysim.data.generated.ON_DEMAND_ABOVE` bytes)."""
-    if data_cfg.kind not in ("gaussian_mixture", "leaf_synthetic", "saddle"):
+    if data_cfg.kind not in GENERATED:
         return False
     if data_cfg.on_demand == "auto":
         from raysim.footprint import table_bytes

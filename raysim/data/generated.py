@@ -28,10 +28,10 @@ ON_DEMAND_ABOVE = 1 << 30  # data.on_demand: auto builds rows on demand when the
 def laws() -> dict:
     """The generators that can build one client at a time: name -> law class (``Law(seed, **params)``
     with ``num_classes``, ``feature_shape``, ``sizes(num_clients)`` and ``rows(k, n_train, n_test)``)."""
-    from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw
+    from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
     from raysim.data.saddle import SaddleLaw
 
-    return {law.name: law for law in (GaussianMixtureLaw, LeafSyntheticLaw, SaddleLaw)}
+    return {law.name: law for law in (GaussianMixtureLaw, LeafSyntheticLaw, SaddleLaw, SyntheticImagesLaw)}
 
 
 class GeneratedDataset:

@@ -16,6 +16,8 @@ _DIM, _CLASSES = 60, 10
 _GM_TRAIN, _GM_STEP, _GM_SPREAD, _GM_TEST = 50, 37, 151, 10  # gaussian_mixture client k: 50 + (37 k mod 151) train rows
 LEAF_MEAN_ROWS = 50 + float(np.exp(4.0 + 2.0 ** 2 / 2))  # leaf_synthetic: E[int(lognormal(4, 2))] + 50, about 453
 DIGITS_ROWS, DIGITS_SHAPE = 1797, (1, 8, 8)  # scikit-learn's digits
+IMAGE_SHAPE = (3, 32, 32)  # synthetic_images' default: CIFAR-sized
+_IMAGE_SIGNAL = 0.2  # synthetic_images: standard deviation of the class prototypes' pixels (the noise's is 1)
 
 
 def gaussian_mixture_rows(num_clients: int) -> int:
@@ -115,6 +117,53 @@ def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
     from raysim.data.generated import GeneratedDataset
 
     return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction), num_clients).materialize()
+
+
+class SyntheticImagesLaw:
+    """Synthetic images in place of a downloaded image data set (CIFAR-sized by default): one smooth
+    prototype per class, and per client a brightness shift and i.i.d. labels.
+
+    The prototypes come from the stream ``Purpose.SYNTHETIC_IMAGES``: for each class a ``[C, 4, 4]``
+    draw of ``N(0, 0.2^2)`` (a faint signal that thousands of pixels add up), blown up to
+    ``[C, H, W]`` by repeating each value over a block of pixels (``H`` and ``W`` are multiples of
+    4). Client ``k`` draws from the stream ``(Purpose.SYNTHETIC_IMAGES, k)``, in order: a shift
+    ``s ~ N(0, 0.2^2)``, labels uniform over the classes, then ``x = prototype_y + s + N(0, 1)`` per
+    pixel. ``samples_per_client`` rows train and :func:`raysim.data.saddle.saddle_test_rows` more test.
+    """
+
+    name = "synthetic_images"
+
+    def __init__(self, seed: int, samples_per_client: int, image_shape, num_classes: int, test_fraction: float):
+        from raysim.data._checks import check_count
+        from raysim.data.saddle import saddle_test_rows
+
+        shape = tuple(int(v) for v in image_shape)
+        if len(shape) != 3 or any(v < 1 for v in shape) or shape[1] % 4 or shape[2] % 4:
+            raise ScenarioError("data.image_shape", list(image_shape), "[channels, height, width] with height and "
+                                                                       "width multiples of 4")
+        self.seed, self.feature_shape = int(seed), shape
+        self.num_classes = check_count("data.num_classes", num_classes, 2)
+        self.params = {"samples_per_client": check_count("data.samples_per_client", samples_per_client, 1),
+                       "image_shape": list(shape), "num_classes": self.num_classes,
+                       "test_fraction": check_test_fraction(test_fraction)}
+        self.test_rows = saddle_test_rows(samples_per_client, test_fraction)
+        coarse = stream(seed, Purpose.SYNTHETIC_IMAGES).normal(0.0, _IMAGE_SIGNAL, size=(self.num_classes, shape[0], 4, 4))
+        self.prototypes = np.kron(coarse, np.ones((1, 1, shape[1] // 4, shape[2] // 4))).reshape(self.num_classes, -1)
+
+    def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+        """(train, test) rows of every client."""
+        num_clients = check_num_clients(num_clients)
+        return (np.full(num_clients, self.params["samples_per_client"], dtype=np.int64),
+                np.full(num_clients, self.test_rows, dtype=np.int64))
+
+    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test (flattened images)."""
+        rng = stream(self.seed, Purpose.SYNTHETIC_IMAGES, k)
+        n = n_train + n_test
+        shift = rng.normal(0.0, 0.2)
+        labels = rng.integers(0, self.num_classes, size=n)
+        x = self.prototypes[labels] + shift + rng.standard_normal((n, self.prototypes.shape[1]))
+        return x.astype(np.float32), labels.astype(np.int64)
 
 
 def _digits_writer_style(seed: int, k: int) -> tuple[float, float, int, int]:

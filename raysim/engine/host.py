@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from contextlib import contextmanager
@@ -45,6 +46,17 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+def deterministic_cuda() -> None:
+    """Make this process's CUDA kernels deterministic, so that a client's update is the same bytes
+    whichever actor (and GPU share) computes it: cuBLAS with a fixed workspace (the variable must be
+    set before cuBLAS starts), cuDNN without autotuning, and an error rather than a silently
+    nondeterministic kernel (``torch.use_deterministic_algorithms``)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True)
+
+
 class ClientHost:
     """Hosts every virtual client: the data set (a zero-copy view of the Arrow table, or a
     generator's law that builds a client's rows when it trains), the model structure and the
@@ -53,6 +65,8 @@ class ClientHost:
     def __init__(self, scenario: dict, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
         cfg = scenario_object(scenario)
         self.cfg, self.actor_index, self.device = cfg, actor_index, torch.device(device)
+        if self.device.type == "cuda":
+            deterministic_cuda()
         self.dataset = open_dataset(table)
         self.problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes,
