@@ -75,7 +75,7 @@ def test_cli_bad_input_has_no_traceback_in_a_real_process():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of blobs, digits, gaussian_mixture, "
-                                   "leaf_synthetic, parquet, quadratic, saddle")
+                                   "leaf_synthetic, parquet, quadratic, saddle, synthetic_images")
 
 
 def test_list_shows_names_and_keys_as_yaml(capsys):
@@ -85,7 +85,8 @@ def test_list_shows_names_and_keys_as_yaml(capsys):
 
     assert main(["list"]) == 0
     listing = yaml.safe_load(capsys.readouterr().out)
-    assert {"blobs", "digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic", "saddle"} == \
+    assert {"blobs", "digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic", "saddle",
+            "synthetic_images"} == \
         set(listing["datasets (data.kind)"])
     assert {"dirichlet", "pathological"} <= set(listing["partitioners (data.partition.kind)"])
     assert {"logreg", "mlp", "cnn"} <= set(listing["models (model.kind)"])

@@ -145,3 +145,16 @@ def test_synthetic_images_have_the_shape_and_classes_asked_for():
     assert np.array_equal(prototypes[:, :, :2, :1].std(axis=(2, 3)), np.zeros((3, 2)))  # 2x1 blocks of one value
     with pytest.raises(ScenarioError, match=r"^data\.image_shape = \[3, 30, 32\]: expected \[channels, height"):
         SyntheticImagesLaw(0, 6, [3, 30, 32], 10, 0.2)
+
+
+def test_memory_estimate_of_data_built_on_demand_follows_the_evaluated_clients(tmp_path):
+    from raysim.footprint import estimate, table_bytes
+
+    def data_part(*overrides):
+        cfg = small_scenario(tmp_path, "data.num_clients=1000000", *overrides)
+        return next(p.bytes for p in estimate(cfg).parts if p.what == "data set"), cfg
+
+    sampled, cfg = data_part("eval.clients=1000")
+    everyone, _ = data_part()
+    assert table_bytes(cfg.data) > 25e9  # the whole table would be ~29 GB
+    assert sampled < 0.5e9 < 2e9 < everyone  # sizes and caches, against every client's test rows
