@@ -119,5 +119,10 @@ def test_the_saved_scenario_runs_again_as_it_is(tmp_path, source, overrides):
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(Path(__file__).resolve().parents[1]))
                                         for p in (Path(__file__).resolve().parents[1] / "scenarios").rglob("*.yaml")))
 def test_every_checked_in_scenario_is_valid(path, monkeypatch):
+    from raysim.sweep import plan_sweep, read_scenario
+
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    assert load_scenario(path).name
+    if read_scenario(path)[1]:  # a sweep file: every point validates
+        assert plan_sweep(path).points
+    else:
+        assert load_scenario(path).name
