@@ -234,7 +234,7 @@ def parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="workload W1 (and W2) against a bare PyTorch loop, same run")
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")
     bench.add_argument("--async", dest="asynchronous", action="store_true",
-                       help="scheduler throughput (1,000 in flight) and async W1 vs sync W1 instead")
+                       help="scheduler throughput (10,000 in flight) and async W1 vs sync W1 instead")
     bench.add_argument("--durability", action="store_true",
                        help="checkpoint cost per W1 round, interrupt-and-resume time against an uninterrupted W1, "
                             "and the driver's memory over a long FedAsync run")

@@ -77,7 +77,8 @@ def driver_memory(out: Path, events: int, interval: float = 1.0) -> dict:
     """RSS of the driver process over a FedAsync run of ``events`` applied updates."""
     run_dir = out / "long_async"
     proc = subprocess.Popen(_cli("run", str(SCENARIOS / "scheduler.yaml"), f"output.dir={run_dir}",
-                                 f"execution.max_updates={events}"))
+                                 f"execution.max_updates={events}", "execution.concurrency=1000",
+                                 "data.num_clients=5000"))
     driver = psutil.Process(proc.pid)
     samples = []
 
