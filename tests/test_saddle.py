@@ -218,7 +218,8 @@ def test_normalize_steps_divides_each_clients_step_by_its_local_steps():
     (["eval.curvature=true"],
      "error: eval.curvature = True: expected false for a model of 4554 parameters (a full Hessian: at most 2000)"),
     (["data.samples_per_client=50"], "error: data.samples_per_client = 50: expected no setting (it applies only "
-                                     "with data.kind = saddle (here data.kind = 'gaussian_mixture'))"),
+                                     "with data.kind in {saddle, synthetic_images} (here data.kind = "
+                                     "'gaussian_mixture'))"),
     (["model.init_scale=0.1"], "error: model.init_scale = 0.1: expected no setting (it applies only with "
                                "model.kind = bilinear (here model.kind = 'mlp'))"),
     (["system.unreliable.coin=sometimes"],

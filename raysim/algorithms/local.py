@@ -1,7 +1,8 @@
 """The one local-training loop: every algorithm's clients train through :func:`local_train`.
 
 The clients of a task train in lockstep on ``[C, P]`` parameters: at each local step the
-oracle gives every client's gradient (one vmapped forward and one backward pass for row data),
+oracle gives every client's gradient (one vmapped forward and one backward pass for row data;
+hand-written, bit-identical passes for plain MLPs, :mod:`raysim.models.dense`),
 a chain of client transforms turns it into an update, and each client still active moves by
 its update; a client whose steps are done is masked out. A step may have several phases, each
 with a fresh gradient on the same data at the parameters the previous phase left (Local FFGG
@@ -32,6 +33,8 @@ def local_train(params: torch.Tensor, oracle, *phases: ClientTransform) -> Local
     """Run ``oracle.plan``'s local steps from ``params`` [C, P]; each step applies ``phases`` in turn."""
     plan = oracle.plan
     active = plan.active.to(device=params.device, dtype=params.dtype)
+    # steps where every client moves skip the mask: x * 1 == x exactly, so the bits are the same
+    everyone = plan.active.bool().all(1).tolist()
     states = [phase.init(params) for phase in phases]
     params = params.detach().clone()
     loss_sum = torch.zeros(params.shape[0], dtype=torch.float64, device=params.device)
@@ -39,9 +42,9 @@ def local_train(params: torch.Tensor, oracle, *phases: ClientTransform) -> Local
         for i, phase in enumerate(phases):
             grads, loss = oracle.gradient(params, s)
             if i == 0:
-                loss_sum += loss.double() * active[s]
+                loss_sum += loss.double() if everyone[s] else loss.double() * active[s]
             with torch.no_grad():
                 updates, states[i] = phase.update(grads, states[i], params)
-                params = params - updates * active[s][:, None]
+                params = params - updates if everyone[s] else params - updates * active[s][:, None]
     steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=params.device)
     return LocalResult(params, (loss_sum / steps.clamp_min(1)).cpu().numpy(), plan.steps)

@@ -90,29 +90,30 @@ def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size
     steps per client (heterogeneous E_k). A client's generator draws its permutations, then
     (with ``participation`` δ_c < 1) its coins: one per step, or one per task.
     """
-    per_client, coins = [], []
+    blocks, coins = [], []  # per client: its batches as a [steps, width] block of rows, -1 on padding
     for c, (start, size, rng) in enumerate(zip(starts, sizes, rngs)):
         size = int(size)
         own_steps = int(client_steps[c]) if client_steps is not None and client_steps[c] > 0 else steps
-        if own_steps is None:
-            batches = []
-            for _ in range(epochs):
-                perm = rng.permutation(size)
-                batches += [perm[i:i + batch_size] for i in range(0, size, batch_size)]
-        else:
+        if own_steps is None:  # each pass shuffles the rows and cuts them into batches (the last may be short)
+            per_pass = -(-size // batch_size)
+            width = min(batch_size, size)
+            block = np.full((epochs, per_pass * width), -1, dtype=np.int64)
+            for e in range(epochs):
+                block[e, :size] = rng.permutation(size) + start
+            block = block.reshape(epochs * per_pass, width)
+        else:  # ``own_steps`` full batches from a stream of shuffled passes
             passes = -(-own_steps * batch_size // size)
             order = np.concatenate([rng.permutation(size) for _ in range(passes)])
-            batches = [order[i * batch_size:(i + 1) * batch_size] for i in range(own_steps)]
-        per_client.append([b + start for b in batches])
-        coins.append(_coins(rng, len(batches), participation, c))
-    num_steps, active, scales = _finish([len(b) for b in per_client], coins, participation)
-    width = max(len(b) for batches in per_client for b in batches)
-    rows = np.zeros((*active.shape, width), dtype=np.int64)
-    row_mask = np.zeros(rows.shape, dtype=np.float32)
-    for c, batches in enumerate(per_client):
-        for s, b in enumerate(batches):
-            rows[s, c, :len(b)] = b
-            row_mask[s, c, :len(b)] = 1.0
+            block = order[:own_steps * batch_size].reshape(own_steps, batch_size) + start
+        blocks.append(block)
+        coins.append(_coins(rng, len(block), participation, c))
+    num_steps, active, scales = _finish([len(b) for b in blocks], coins, participation)
+    width = max((b.shape[1] for b in blocks if len(b)), default=0)
+    rows = np.full((*active.shape, width), -1, dtype=np.int64)
+    for c, block in enumerate(blocks):
+        rows[:len(block), c, :block.shape[1]] = block
+    row_mask = (rows >= 0).astype(np.float32)
+    np.maximum(rows, 0, out=rows)
     return StepPlan(num_steps, active, scales, torch.from_numpy(rows), torch.from_numpy(row_mask))
 
 
@@ -142,6 +143,49 @@ def per_client_loss(forward, params: torch.Tensor, x: torch.Tensor, y: torch.Ten
     return (losses * mask).sum(1) / mask.sum(1).clamp_min(1.0)
 
 
+_aten = torch.ops.aten
+
+
+def per_client_loss_backward(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                             denominator: torch.Tensor | None = None, row_grad: torch.Tensor | None = None) -> tuple:
+    """(gradient of the summed :func:`per_client_loss` with respect to ``logits`` [C·B, K], the
+    losses [C]) without the autograd engine: the kernels autograd runs, on the same operands,
+    so the bits are the same (``cross_entropy`` is ``log_softmax`` then ``nll_loss``; the mean's
+    backward is 1/denominator times the mask). ``denominator`` (``mask.sum(1).clamp_min(1)``) and
+    ``row_grad`` (:func:`loss_row_grads`) depend only on the mask and may come precomputed."""
+    logp = torch.log_softmax(logits, 1)
+    target = y.reshape(-1)
+    losses, total_weight = _aten.nll_loss_forward(logp, target, None, 0, -100)
+    if denominator is None:
+        denominator = mask.sum(1).clamp_min(1.0)
+    loss = (losses.view_as(mask) * mask).sum(1) / denominator
+    if row_grad is None:
+        row_grad = loss_row_grads(mask, denominator, loss.dtype)
+    grad = _aten.nll_loss_backward(row_grad.reshape(-1), logp, target, None, 0, -100, total_weight)
+    return torch._log_softmax_backward_data(grad, logp, 1, logp.dtype), loss
+
+
+def loss_row_grads(mask: torch.Tensor, denominator: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """d(Σ_c per-client mean loss)/d(row loss) = mask / denominator, as autograd computes it
+    (``1 / denominator`` expanded, times the mask); any leading dims (steps) broadcast."""
+    ones = torch.ones((), dtype=dtype, device=mask.device).expand(denominator.shape)
+    return torch.div(ones, denominator).unsqueeze(-1).expand(mask.shape) * mask
+
+
+class _StepBatches:
+    """What a minibatch plan's local steps share, computed once per task: every step's labels
+    (as the clients see them), and the loss backward's constants (they depend on the mask only).
+    The features are gathered step by step: a fresh tensor, whose alignment the BLAS kernels'
+    results may depend on (an offset view of one big gather gives other bits)."""
+
+    def __init__(self, oracle: "RowOracle", dtype: torch.dtype):
+        rows, mask = oracle._rows
+        self.rows, self.mask = rows, mask
+        self.y = oracle._flip(oracle.labels.index_select(0, rows.reshape(-1)).view(rows.shape))
+        self.denominator = mask.sum(2).clamp_min(1.0)  # [S, C] (integer counts: exact in any order)
+        self.row_grad = loss_row_grads(mask, self.denominator, torch.promote_types(dtype, mask.dtype))
+
+
 class RowOracle:
     """Cross-entropy gradients of clients whose data are rows of ``features``/``labels``
     (``offsets[c]`` = train start, test start, test end of client c; with ``label_flip``, the
@@ -155,8 +199,12 @@ class RowOracle:
         self.label_flip = label_flip  # (flipped [C] bool, classes): those clients see labels y -> classes - 1 - y
         self.offsets = offsets
         self.forward = client_forward(model, len(offsets))
+        # hand-written passes of a plain MLP (same bits), for rows it takes: vectors, or flattened first
+        dense = getattr(model, "dense", None)
+        self.dense = dense if dense is not None and (dense.flatten or features.dim() == 2) else None
         self._rows = None if plan is None or plan.rows is None else (plan.rows.to(device), plan.mask.to(device))
         self._full = None
+        self._steps = None  # _StepBatches, on the first minibatch gradient of the fast path
 
     def _batch(self, s: int | None):
         """(x, y, mask) of step s, or of every training row (``s`` None or a full-batch plan)."""
@@ -170,11 +218,16 @@ class RowOracle:
             rows, mask = self._full
         else:
             rows, mask = self._rows[0][s], self._rows[1][s]
-        labels = self.labels[rows]
-        if self.label_flip is not None:
-            flipped, classes = self.label_flip
-            labels = torch.where(flipped.to(self.device)[:, None], classes - 1 - labels, labels)
-        return self.features[rows], labels, mask
+        flat = rows.reshape(-1)
+        labels = self._flip(self.labels.index_select(0, flat).view(rows.shape))
+        return self.features.index_select(0, flat).view(*rows.shape, *self.features.shape[1:]), labels, mask
+
+    def _flip(self, labels: torch.Tensor) -> torch.Tensor:
+        """Labels [..., C, B] as the clients see them (flipped for label-flipping Byzantine clients)."""
+        if self.label_flip is None:
+            return labels
+        flipped, classes = self.label_flip
+        return torch.where(flipped.to(self.device)[:, None], classes - 1 - labels, labels)
 
     def _loss(self, leaf: torch.Tensor, s: int | None) -> torch.Tensor:
         x, y, mask = self._batch(s)
@@ -182,10 +235,29 @@ class RowOracle:
 
     def gradient(self, params: torch.Tensor, s: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(gradients [C, P], losses [C]) at local step ``s`` (None: every training row)."""
+        if self.dense is not None and params.dtype == self.features.dtype and params.stride(-1) == 1:
+            return self._dense_gradient(params.detach(), s)
         leaf = params.detach().requires_grad_(True)
         loss = self._loss(leaf, s)
         (grads,) = torch.autograd.grad(loss.sum(), leaf)
         return grads, loss.detach()
+
+    def _dense_gradient(self, params: torch.Tensor, s: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`gradient` through the model's hand-written passes (:mod:`raysim.models.dense`),
+        bit for bit the autograd path's result."""
+        batched = len(self.offsets) > 1  # as :func:`client_forward`: one client is not vmapped
+        if s is None or self._rows is None:
+            x, y, mask = self._batch(s)
+            return self.dense.loss_backward(params, x, lambda logits: per_client_loss_backward(logits, y, mask),
+                                            batched)
+        if self._steps is None:
+            self._steps = _StepBatches(self, params.dtype)
+        steps = self._steps
+        rows = steps.rows[s]
+        x = self.features.index_select(0, rows.reshape(-1)).view(*rows.shape, *self.features.shape[1:])
+        y, mask, denominator, row_grad = steps.y[s], steps.mask[s], steps.denominator[s], steps.row_grad[s]
+        return self.dense.loss_backward(params, x, lambda logits: per_client_loss_backward(
+            logits, y, mask, denominator, row_grad), batched)
 
     def full_gradient(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(gradients, losses) over each client's whole training set."""

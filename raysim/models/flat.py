@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from raysim.models.dense import DenseStack
+
 
 class FlatModel:
     """Wraps an ``nn.Module`` so that parameters travel as one flat vector (float32; float64 for
@@ -29,6 +31,8 @@ class FlatModel:
         self.personal = torch.zeros(self.size, dtype=torch.bool) if personal is None else personal  # [P]: w entries
         self.global_index = torch.nonzero(~self.personal).flatten()  # positions of θ in the flat vector
         self.personal_index = torch.nonzero(self.personal).flatten()
+        # plain MLPs (logreg, mlp) also have hand-written passes with the same bits (models/dense.py)
+        self.dense = DenseStack.of(module, self.names, self.numels)
 
     def initial_vector(self) -> torch.Tensor:
         """The module's current parameters as one flat vector."""
