@@ -205,7 +205,8 @@ def parser() -> argparse.ArgumentParser:
                                         "never stopped)")
     res.add_argument("run_dir", help="the run's output directory (output.dir, a path or URI)")
     res.add_argument("overrides", nargs="*", help="key=value overrides of keys that cannot change results: "
-                                                  "runtime.*, output.flush_seconds, output.checkpoint_*")
+                                                  "runtime.*, data.on_demand, data.cache_mb, output.flush_seconds, "
+                                                  "output.checkpoint_*")
     res.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
     _job_options(res, required=False)
     res.set_defaults(func=cmd_resume)

@@ -20,6 +20,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
+from raysim.data.generated import LAWS
 from raysim.errors import ScenarioError
 from raysim.algorithms.keys import check_aggregator
 from raysim.schema import (INT64_MAX, Check, check_numbers, check_values, field_of, inapplicable, key, non_negative,
@@ -30,7 +31,7 @@ DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                    ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
                                                     "saddle"))
 SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
-GENERATED = when("data.kind", "gaussian_mixture", "leaf_synthetic", "saddle", "synthetic_images")  # built per client
+GENERATED = when("data.kind", *LAWS)  # generated kinds: their rows can be built per client
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 
@@ -475,9 +476,16 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     if d.kind == "parquet":
         _check(d.path is not None and os.path.exists(d.path), "data.path", d.path,
                "an existing Parquet file or directory")
-    if d.image_shape is not None:
+    if d.image_shape is not None and d.kind == "synthetic_images":
+        _check(len(d.image_shape) == 3 and all(s > 0 for s in d.image_shape) and d.image_shape[1] % 4 == 0
+               and d.image_shape[2] % 4 == 0, "data.image_shape", list(d.image_shape),
+               "[channels, height, width] of positive sizes, height and width multiples of 4")
+    elif d.image_shape is not None:
         _check(len(d.image_shape) in (2, 3) and all(s > 0 for s in d.image_shape), "data.image_shape",
                list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
+    if d.kind in ("blobs", "synthetic_images"):
+        _check(isinstance(d.num_classes, int) and d.num_classes >= 2, "data.num_classes", d.num_classes,
+               "an integer >= 2")
 
     if d.kind == "quadratic":
         for name in ("n", "d_theta", "d_w"):

@@ -185,6 +185,7 @@ def table_bytes(d) -> float:
 
 def _data_shape(d) -> tuple:
     """(rows, feature shape, classes, clients, keys it grows with) of the data keys ``d``."""
+    from raysim.data._checks import test_rows_beside
     from raysim.data.generators import DIGITS_ROWS, DIGITS_SHAPE, LEAF_MEAN_ROWS, gaussian_mixture_rows
 
     clients = (("data.num_clients", d.num_clients),)
@@ -201,16 +202,13 @@ def _data_shape(d) -> tuple:
         return (d.num_clients, (d.d_theta, d.d_w), 0, d.num_clients,
                 clients + (("data.d_theta", d.d_theta), ("data.d_w", d.d_w), ("data.n", d.n)))
     if d.kind == "saddle":
-        from raysim.data.saddle import saddle_test_rows
-
-        rows = d.num_clients * (d.samples_per_client + saddle_test_rows(d.samples_per_client, d.test_fraction))
+        rows = d.num_clients * (d.samples_per_client + test_rows_beside(d.samples_per_client, d.test_fraction))
         return (rows, (d.dim,), 2, d.num_clients,
                 clients + (("data.samples_per_client", d.samples_per_client), ("data.dim", d.dim)))
     if d.kind == "synthetic_images":
         from raysim.data.generators import IMAGE_SHAPE
-        from raysim.data.saddle import saddle_test_rows
 
-        rows = d.num_clients * (d.samples_per_client + saddle_test_rows(d.samples_per_client, d.test_fraction))
+        rows = d.num_clients * (d.samples_per_client + test_rows_beside(d.samples_per_client, d.test_fraction))
         shape = IMAGE_SHAPE if d.image_shape is None else tuple(d.image_shape)
         return (rows, shape, d.num_classes, d.num_clients,
                 clients + (("data.samples_per_client", d.samples_per_client), ("data.image_shape", list(shape))))

@@ -30,7 +30,7 @@ def _softmax_grad(W, b, X, y):
 def _context(dataset, model, clients, seed=0):
     rngs = [np.random.default_rng([seed, 1, c, 0]) for c in clients]
     data = RowData(torch.from_numpy(dataset.features().copy()), torch.from_numpy(dataset.labels().copy()),
-                   dataset.offsets())
+                   dataset.offsets()[np.array(clients)])
     return ClientContext(np.array(clients), rngs, model, data, torch.device("cpu"))
 
 

@@ -80,14 +80,17 @@ def test_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
     assert isinstance(build_dataset(big.data, 0), GeneratedDataset)  # ~2.9 GB: on demand
     sums = {}
     for on_demand in ("true", "false"):
-        run = small_scenario(tmp_path / on_demand, f"data.on_demand={on_demand}", "eval.clients=25")
+        run = small_scenario(tmp_path / on_demand, f"data.on_demand={on_demand}", "eval.clients=25",
+                             "eval.personalized_steps=2")
         summary, prepared = execute(run)
         assert isinstance(prepared.dataset, GeneratedDataset) == (on_demand == "true")
         assert summary["data_on_demand"] == (on_demand == "true") and summary["evaluated_clients"] == 25
         rounds = (tmp_path / on_demand / "out" / "rounds.parquet")
         import pyarrow.parquet as pq
 
-        sums[on_demand] = (summary["model_sha256"], pq.read_table(rounds).column("test_accuracy").to_pylist())
+        table = pq.read_table(rounds)
+        sums[on_demand] = (summary["model_sha256"], table.column("test_accuracy").to_pylist(),
+                           table.column("test_loss").to_pylist(), table.column("personalized_accuracy").to_pylist())
     assert sums["true"] == sums["false"]
 
 

@@ -47,7 +47,7 @@ def setup():
 def _context(ds, model, dtype=torch.float32) -> ClientContext:
     rngs = [stream(0, Purpose.CLIENT_TRAIN, c, 7) for c in CLIENTS]
     data = RowData(torch.from_numpy(ds.features().copy()).to(dtype), torch.from_numpy(ds.labels().copy()),
-                   ds.offsets())
+                   ds.offsets()[np.array(CLIENTS)])
     return ClientContext(np.array(CLIENTS), rngs, model, data, torch.device("cpu"))
 
 

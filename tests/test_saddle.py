@@ -172,7 +172,7 @@ def test_curvature_weights_clients_by_p_k(tmp_path, uniform):
 
 def _context(host, ids, counter=0) -> ClientContext:
     rngs = [stream(host.cfg.seed, Purpose.CLIENT_TRAIN, int(c), counter) for c in ids]
-    return ClientContext(ids, rngs, host.model, host.data, host.device, *host._unreliable(ids, "train"))
+    return ClientContext(ids, rngs, host.model, host.data(ids), host.device, *host._unreliable(ids, "train"))
 
 
 def test_per_round_coins_decide_all_local_steps_of_a_client_together():

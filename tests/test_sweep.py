@@ -117,7 +117,8 @@ def test_a_ray_point_in_process_gives_the_same_model(grid_sweep, tmp_path):
                                                                        "expected each grid key once"),
     (["--grid", "execution.rounds=1", "--repeat", "0"], "error: --repeat = 0: expected an integer >= 1"),
     (["--grid", "execution.rounds=1", "--parallel", "0"], "error: --parallel = 0: expected an integer >= 1"),
-], ids=["unknown-key", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0", "parallel-0"])
+    (["--grid", "seed=1,2", "--repeat", "2"], "error: --repeat = 2: expected 1 when seed is a grid key"),
+], ids=["unknown-key", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0", "parallel-0", "seed-repeat"])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, capsys, args, expected):
     out = tmp_path / "out"
     assert sweep(*args, "--out", str(out)) == 2
@@ -189,3 +190,25 @@ def test_submit_of_a_sweep_file_submits_the_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(actors.jobs, "submit", lambda address, command, *rest: submitted.append(command) or 0)
     assert main(["submit", str(path), "execution.rounds=2", "--address", "http://head:8265"]) == 0
     assert submitted == [["sweep", str(path), "execution.rounds=2"]]
+
+
+def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys):
+    from raysim.metrics import OutputDir
+
+    out = tmp_path / "out"
+    held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # a lock written by another live process, as a running sweep holds it
+        lock = OutputDir.open(str(out), create=True)
+        lock.claim()
+        record = dict(lock._lock, pid=held.pid, process_started=__import__("psutil").Process(held.pid).create_time())
+        lock.release()
+        from raysim.metrics.output import LOCK
+
+        (out / LOCK).write_text(json.dumps(record))
+        assert sweep("--grid", "execution.rounds=1", "--out", str(out)) == 2
+        assert one_error_line(capsys.readouterr().err).startswith(f"error: --out = '{out}': expected a directory "
+                                                                  "no other live sweep uses")
+        assert not (out / "sweep.parquet").exists()
+    finally:
+        held.kill()
+        held.wait()

@@ -25,7 +25,7 @@ def bare_fedavg(cfg) -> dict:
     """Train like ``cfg`` describes (FedAvg, sync rounds) in a plain loop; returns timings and accuracy."""
     torch.set_num_threads(1)
     began = time.perf_counter()
-    dataset = build_dataset(cfg.data, cfg.seed)
+    dataset = build_dataset(cfg.data, cfg.seed).materialize()  # a plain loop over one table
     x = torch.from_numpy(dataset.features().copy())
     y = torch.from_numpy(dataset.labels().copy())
     offsets = dataset.offsets()

@@ -8,12 +8,11 @@ loaded on first use), so a scenario's data can be built and checked while torch 
 from __future__ import annotations
 
 from raysim.data.federated import ClientRows, FederatedDataset
-from raysim.data.generated import ON_DEMAND_ABOVE, GeneratedDataset
-from raysim.data.generators import (IMAGE_SHAPE, GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw, blobs,
-                                    digits, gaussian_mixture, leaf_synthetic)
+from raysim.data.generated import LAWS, ON_DEMAND_ABOVE, GeneratedDataset
+from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
-from raysim.data.saddle import SaddleLaw, saddle
+from raysim.data.saddle import saddle
 from raysim.errors import ScenarioError
 
 __all__ = ["DATASETS", "PARTITIONERS", "ClientRows", "FederatedDataset", "GeneratedDataset", "QuadraticProblem",
@@ -102,25 +101,14 @@ def build_dataset(data_cfg, seed: int):
 
 def _law(data_cfg, seed: int):
     """The law of a generated ``data.kind`` that builds one client at a time, or None."""
-    if data_cfg.kind == "gaussian_mixture":
-        return GaussianMixtureLaw(seed)
-    if data_cfg.kind == "leaf_synthetic":
-        return LeafSyntheticLaw(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction)
-    if data_cfg.kind == "saddle":
-        return SaddleLaw(seed, data_cfg.samples_per_client, data_cfg.dim, data_cfg.test_fraction)
-    if data_cfg.kind == "synthetic_images":
-        return SyntheticImagesLaw(seed, data_cfg.samples_per_client, data_cfg.image_shape or IMAGE_SHAPE,
-                                  data_cfg.num_classes, data_cfg.test_fraction)
-    return None
-
-
-GENERATED = ("gaussian_mixture", "leaf_synthetic", "saddle", "synthetic_images")  # kinds built client by client
+    law = LAWS.get(data_cfg.kind)
+    return None if law is None else law.from_config(data_cfg, seed)
 
 
 def builds_on_demand(data_cfg) -> bool:
     """Whether a generated data set builds rows per client on demand (``data.on_demand``; auto: when
     the whole table would exceed :data:`~raysim.data.generated.ON_DEMAND_ABOVE` bytes)."""
-    if data_cfg.kind not in GENERATED:
+    if data_cfg.kind not in LAWS:
         return False
     if data_cfg.on_demand == "auto":
         from raysim.footprint import table_bytes

@@ -1,4 +1,4 @@
-"""Checks of scenario values shared by the data builders."""
+"""Checks of scenario values shared by the data builders, and their shared arithmetic."""
 
 from __future__ import annotations
 
@@ -28,3 +28,9 @@ def check_count(key: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ScenarioError(key, value, f"an integer >= {minimum}")
     return int(value)
+
+
+def test_rows_beside(train_rows: int, test_fraction: float) -> int:
+    """Test rows per client: as many as make ``test_fraction`` of the client's rows, next to its
+    ``train_rows`` training rows (data sets whose clients all hold ``samples_per_client`` rows)."""
+    return round(train_rows * test_fraction / (1.0 - test_fraction))

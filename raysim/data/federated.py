@@ -194,6 +194,10 @@ class FederatedDataset:
         """int64 ``[N]``, a read-only zero-copy view of the ``y`` column."""
         return self._cached("labels", lambda: self._column("y"))
 
+    def materialize(self) -> FederatedDataset:
+        """Every client's rows in one table: this data set (as :meth:`GeneratedDataset.materialize`)."""
+        return self
+
     def rows_of(self, client_ids, split: str = "all") -> ClientRows:
         """The ``split`` rows ('all', 'train' or 'test') of the given clients, copied."""
         return gather_rows(self.features(), self.labels(), self.offsets()[np.asarray(client_ids, dtype=np.int64)],

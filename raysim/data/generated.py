@@ -20,18 +20,17 @@ import numpy as np
 import pyarrow as pa
 
 from raysim.data.federated import ClientRows, FederatedDataset, packed_offsets, split_rows
+from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
+from raysim.data.saddle import SaddleLaw
 
 CACHE_MB = 128  # data.cache_mb's default: built rows a host keeps, per process
 ON_DEMAND_ABOVE = 1 << 30  # data.on_demand: auto builds rows on demand when the whole table would exceed this
 
 
-def laws() -> dict:
-    """The generators that can build one client at a time: name -> law class (``Law(seed, **params)``
-    with ``num_classes``, ``feature_shape``, ``sizes(num_clients)`` and ``rows(k, n_train, n_test)``)."""
-    from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
-    from raysim.data.saddle import SaddleLaw
-
-    return {law.name: law for law in (GaussianMixtureLaw, LeafSyntheticLaw, SaddleLaw, SyntheticImagesLaw)}
+# The generators that build one client at a time, by data.kind: a law class has ``name``,
+# ``num_classes``, ``feature_shape``, ``from_config(data_cfg, seed)``, ``Law(seed, **params)``,
+# ``sizes(num_clients)`` and ``rows(k, n_train, n_test)``.
+LAWS = {law.name: law for law in (GaussianMixtureLaw, LeafSyntheticLaw, SaddleLaw, SyntheticImagesLaw)}
 
 
 class GeneratedDataset:
@@ -44,10 +43,12 @@ class GeneratedDataset:
     def __init__(self, table: pa.Table):
         meta = table.schema.metadata
         self.table = table
-        self.law = laws()[meta[b"generator"].decode()](int(meta[b"seed"]), **json.loads(meta[b"params"]))
+        self.law = LAWS[meta[b"generator"].decode()](int(meta[b"seed"]), **json.loads(meta[b"params"]))
         self.cache_bytes = int(meta[b"cache_bytes"])
         self._train = table.column("train_size").to_numpy().astype(np.int64)
         self._test = table.column("test_size").to_numpy().astype(np.int64)
+        self._train.setflags(write=False)
+        self._test.setflags(write=False)
         self._cache: OrderedDict = OrderedDict()  # client id -> (features, labels), least recent first
         self._cached_bytes = 0
 
@@ -109,11 +110,13 @@ class GeneratedDataset:
         train, test = self._train[ids], self._test[ids]
         local = np.stack([np.zeros_like(train), train, train + test], axis=1)
         lo, hi = split_rows(local, split)
-        blocks = [self.client(int(k)) for k in ids]
-        features = np.concatenate([x[a:b] for (x, _), a, b in zip(blocks, lo, hi)]) if len(ids) else \
-            np.empty((0, self.num_features), np.float32)
-        labels = np.concatenate([y[a:b] for (_, y), a, b in zip(blocks, lo, hi)]) if len(ids) else np.empty(0, np.int64)
-        return ClientRows(features, labels, packed_offsets(local, lo, hi))
+        packed = packed_offsets(local, lo, hi)
+        total = int(packed[-1, 2]) if len(ids) else 0
+        features, labels = np.empty((total, self.num_features), np.float32), np.empty(total, np.int64)
+        for k, a, b, (start, _, end) in zip(ids.tolist(), lo, hi, packed):  # one client's rows at a time
+            x, y = self.client(k)
+            features[start:end], labels[start:end] = x[a:b], y[a:b]
+        return ClientRows(features, labels, packed)
 
     def materialize(self) -> FederatedDataset:
         """Every client's rows in one :class:`FederatedDataset` (built in threads: each client has

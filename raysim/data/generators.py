@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from raysim.data._checks import check_num_clients, check_test_fraction
+from raysim.data._checks import check_count, check_num_clients, check_test_fraction, test_rows_beside
 from raysim.data.federated import FederatedDataset
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
@@ -43,6 +43,11 @@ class GaussianMixtureLaw:
     def __init__(self, seed: int):
         self.seed, self.params = int(seed), {}
         self.means = stream(seed, Purpose.GAUSSIAN_MIXTURE_MEANS).normal(0.0, 0.3, size=(_CLASSES, _DIM))
+
+    @classmethod
+    def from_config(cls, data_cfg, seed: int) -> GaussianMixtureLaw:
+        """The law of the scenario's ``data`` keys."""
+        return cls(seed)
 
     @staticmethod
     def sizes(num_clients: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,6 +93,11 @@ class LeafSyntheticLaw:
         self.seed = int(seed)
         self.params = {"alpha": float(alpha), "beta": float(beta), "test_fraction": check_test_fraction(test_fraction)}
 
+    @classmethod
+    def from_config(cls, data_cfg, seed: int) -> LeafSyntheticLaw:
+        """The law of the scenario's ``data`` keys."""
+        return cls(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction)
+
     def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
         """(train, test) rows of every client (the first draw of each client's stream)."""
         n = np.array([int(stream(self.seed, Purpose.LEAF_SYNTHETIC, k).lognormal(4.0, 2.0)) + 50
@@ -128,15 +138,12 @@ class SyntheticImagesLaw:
     ``[C, H, W]`` by repeating each value over a block of pixels (``H`` and ``W`` are multiples of
     4). Client ``k`` draws from the stream ``(Purpose.SYNTHETIC_IMAGES, k)``, in order: a shift
     ``s ~ N(0, 0.2^2)``, labels uniform over the classes, then ``x = prototype_y + s + N(0, 1)`` per
-    pixel. ``samples_per_client`` rows train and :func:`raysim.data.saddle.saddle_test_rows` more test.
+    pixel. ``samples_per_client`` rows train and :func:`~raysim.data._checks.test_rows_beside` more test.
     """
 
     name = "synthetic_images"
 
     def __init__(self, seed: int, samples_per_client: int, image_shape, num_classes: int, test_fraction: float):
-        from raysim.data._checks import check_count
-        from raysim.data.saddle import saddle_test_rows
-
         shape = tuple(int(v) for v in image_shape)
         if len(shape) != 3 or any(v < 1 for v in shape) or shape[1] % 4 or shape[2] % 4:
             raise ScenarioError("data.image_shape", list(image_shape), "[channels, height, width] with height and "
@@ -146,9 +153,15 @@ class SyntheticImagesLaw:
         self.params = {"samples_per_client": check_count("data.samples_per_client", samples_per_client, 1),
                        "image_shape": list(shape), "num_classes": self.num_classes,
                        "test_fraction": check_test_fraction(test_fraction)}
-        self.test_rows = saddle_test_rows(samples_per_client, test_fraction)
+        self.test_rows = test_rows_beside(samples_per_client, test_fraction)
         coarse = stream(seed, Purpose.SYNTHETIC_IMAGES).normal(0.0, _IMAGE_SIGNAL, size=(self.num_classes, shape[0], 4, 4))
         self.prototypes = np.kron(coarse, np.ones((1, 1, shape[1] // 4, shape[2] // 4))).reshape(self.num_classes, -1)
+
+    @classmethod
+    def from_config(cls, data_cfg, seed: int) -> SyntheticImagesLaw:
+        """The law of the scenario's ``data`` keys (``image_shape`` null: :data:`IMAGE_SHAPE`)."""
+        return cls(seed, data_cfg.samples_per_client, data_cfg.image_shape or IMAGE_SHAPE, data_cfg.num_classes,
+                   data_cfg.test_fraction)
 
     def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
         """(train, test) rows of every client."""

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.data._checks import check_count, check_num_clients, check_test_fraction
+from raysim.data._checks import check_count, check_num_clients, check_test_fraction, test_rows_beside
 from raysim.data.federated import FederatedDataset
 from raysim.streams import Purpose, stream
 
 MEAN_LOW, MEAN_HIGH = 0.5, 1.5  # m_k ~ U[MEAN_LOW, MEAN_HIGH]
 
 
-def saddle_test_rows(samples_per_client: int, test_fraction: float) -> int:
-    """Test rows per client: as many as make ``test_fraction`` of the client's rows, next to its
-    ``samples_per_client`` training rows."""
-    return round(samples_per_client * test_fraction / (1.0 - test_fraction))
-
-
 class SaddleLaw:
     """Saddle data (see the module doc): ``samples_per_client`` training rows per client, then
-    :func:`saddle_test_rows` test rows from the same law.
+    :func:`~raysim.data._checks.test_rows_beside` test rows from the same law.
 
     Client ``k`` draws from the stream ``(Purpose.SADDLE_CLIENT, k)``, in order: ``m_k``, the
     signs γ of its rows (train then test), then the ``[rows, dim]`` Gaussian noise. A client's
@@ -43,10 +37,15 @@ class SaddleLaw:
         self.feature_shape = (self.params["dim"],)
         self.direction = np.full(dim, 1.0 / np.sqrt(dim))
 
+    @classmethod
+    def from_config(cls, data_cfg, seed: int) -> SaddleLaw:
+        """The law of the scenario's ``data`` keys."""
+        return cls(seed, data_cfg.samples_per_client, data_cfg.dim, data_cfg.test_fraction)
+
     def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
         """(train, test) rows of every client."""
         n_train = self.params["samples_per_client"]
-        n_test = saddle_test_rows(n_train, self.params["test_fraction"])
+        n_test = test_rows_beside(n_train, self.params["test_fraction"])
         num_clients = check_num_clients(num_clients)
         return np.full(num_clients, n_train, dtype=np.int64), np.full(num_clients, n_test, dtype=np.int64)
 

@@ -2,8 +2,9 @@
 
 A run stopped by Ctrl-C, SIGTERM, a crash of the driver or a failure (lost actors, a full disk)
 goes on from its last checkpoint with ``raysim resume OUTPUT_DIR``. Only keys that cannot change
-results may be overridden: where the run executes (``runtime.*``) and how often it writes
-(``output.flush_seconds``, ``output.checkpoint_every``, ``output.checkpoint_seconds``).
+results may be overridden: where the run executes (``runtime.*``), where client rows are built
+(``data.on_demand``, ``data.cache_mb``) and how often it writes (``output.flush_seconds``,
+``output.checkpoint_every``, ``output.checkpoint_seconds``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from omegaconf import OmegaConf
 from raysim.errors import ScenarioError
 from raysim.metrics import OutputDir
 
-RESUMABLE_KEYS = ("runtime.", "output.flush_seconds", "output.checkpoint_every", "output.checkpoint_seconds")
+RESUMABLE_KEYS = ("runtime.", "data.on_demand", "data.cache_mb", "output.flush_seconds", "output.checkpoint_every",
+                  "output.checkpoint_seconds")
 
 
 def load_resume(run_dir: str, overrides: list) -> tuple:
@@ -29,7 +31,8 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
         name, _, value = item.partition("=")
         if not name.startswith(RESUMABLE_KEYS):
             raise ScenarioError(name, value, "a key that cannot change results when resuming "
-                                "(runtime.*, output.flush_seconds, output.checkpoint_*); "
+                                "(runtime.*, data.on_demand, data.cache_mb, output.flush_seconds, "
+                                "output.checkpoint_*); "
                                 "start a new run to change others")
     out = OutputDir.open(run_dir, create=False)
     try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from raysim.errors import ScenarioError
 from raysim.footprint import check_curvature, check_fits
 from raysim.metrics import OutputDir
 from raysim.system import SystemModel
+
+LARGE_EVALUATION = 100_000  # clients: above this, evaluating every one of them built on demand gets a note
 
 if TYPE_CHECKING:  # these import torch; prepare() loads them while ``meanwhile`` runs
     from raysim.data.quadratic import QuadraticProblem
@@ -60,6 +63,9 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     if cfg.execution.mode == "sync" and k > dataset.num_clients:
         raise ScenarioError("execution.clients_per_round", k,
                             f"an integer in [1, {dataset.num_clients}] (the data set's number of clients)")
+    if isinstance(dataset, GeneratedDataset) and cfg.eval.clients is None and dataset.num_clients > LARGE_EVALUATION:
+        print(f"note: evaluation builds the test rows of all {dataset.num_clients:,} clients (their data is built "
+              "on demand); set eval.clients to evaluate a seeded sample of them", file=sys.stderr)
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
     output = OutputDir.open(cfg.output.dir, create=create_output)
     if create_output:

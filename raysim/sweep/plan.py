@@ -164,6 +164,9 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
     repeat = _integer("--repeat" if repeat is not None else "sweep.repeat", repeat, section.get("repeat", 1))
     parallel = _integer("--parallel" if parallel is not None else "sweep.parallel", parallel,
                         section.get("parallel", 1))
+    if "seed" in grid and repeat > 1:
+        raise ScenarioError("--repeat", repeat, "1 when seed is a grid key (repeat r runs with seed + r: the "
+                                                "seeds of the grid and of the repeats would collide)")
     plots = parse_plots(section.get("plots") or [] if plots is None else plots, grid)
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     names = _unique([",".join(f"{k}={value_text(v)}" for k, v in combo.items()) for combo in combos])
@@ -222,19 +225,17 @@ def _point(source, combo: dict, name: str, repeat: int, overrides, first: dict) 
     try:
         cfg = load_scenario(source, point_overrides)
     except ScenarioError as exc:
-        raise _in_point(exc, combo, overrides, name) from None
+        raise _in_point(exc, combo, name) from None
     if repeat == 0:
         first[key] = cfg
     return Point(name, {k: _resolved(cfg, k) for k in combo}, repeat, Path(), point_overrides, cfg)
 
 
-def _in_point(exc: ScenarioError, combo: dict, overrides, name: str) -> ScenarioError:
+def _in_point(exc: ScenarioError, combo: dict, name: str) -> ScenarioError:
     """The error of a point's scenario, naming the grid key if it is one, else the point."""
     for key in combo:
         if exc.key == key or exc.key.startswith((key + ".", key + "[")):
             return ScenarioError(f"grid key {exc.key}", exc.value, exc.allowed)
-    if any(o.partition("=")[0].strip() == exc.key for o in overrides):
-        return exc
     return ScenarioError(exc.key, exc.value, f"{exc.allowed} (at sweep point {name})")
 
 

@@ -7,7 +7,8 @@ import os
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from raysim.errors import RunError, ScenarioError
@@ -27,15 +28,15 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
     for point in sweep.points:
         if point not in todo:
             say(f"skipped {point.name}: completed in {point.dir}")
-    sweep.out.mkdir(parents=True, exist_ok=True)
-    if todo:
-        (_run_in_process if in_process else _run_isolated)(sweep, todo, say)
-    from raysim.sweep.plots import write_plots
+    with _claimed(sweep.out):
+        if todo:
+            (_run_in_process if in_process else _run_isolated)(sweep, todo, say)
+        from raysim.sweep.plots import write_plots
 
-    combos = len(sweep.points) // sweep.repeat  # points run repeat by repeat; rows go point by point
-    rows = [point_row(sweep.points[i]) for i in sorted(range(len(sweep.points)), key=lambda i: (i % combos, i))]
-    table = sweep.out / "sweep.parquet"
-    write_table(rows, list(sweep.grid), table)
+        combos = len(sweep.points) // sweep.repeat  # points run repeat by repeat; rows go point by point
+        rows = [point_row(sweep.points[i]) for i in sorted(range(len(sweep.points)), key=lambda i: (i % combos, i))]
+        table = sweep.out / "sweep.parquet"
+        write_table(rows, list(sweep.grid), table)
     print(table)
     for path in write_plots(rows, sweep.grid, sweep.plots, sweep.out):
         print(path)
@@ -43,6 +44,23 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
     if failed:
         raise RunError(f"{len(failed)} of {len(rows)} sweep points did not complete: {', '.join(failed)}")
     return 0
+
+
+@contextmanager
+def _claimed(out: Path):
+    """Hold the sweep directory's lock (the run lock of :class:`raysim.metrics.OutputDir`) while
+    the sweep runs: a second sweep into it is refused (ScenarioError) instead of mixing runs."""
+    from raysim.metrics import OutputDir
+
+    directory = OutputDir.open(str(out), create=True)
+    try:
+        directory.claim()
+    except ScenarioError as exc:
+        raise ScenarioError("--out", str(out), f"a directory no other live sweep uses ({exc.allowed})") from None
+    try:
+        yield
+    finally:
+        directory.release()
 
 
 def _prepare(points: list, parallel: int) -> None:
@@ -117,7 +135,7 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in done:
                 future.result()
-    except KeyboardInterrupt:
+    except BaseException as exc:  # Ctrl-C, SIGTERM, or an error of the sweep itself: end the running points
         import psutil
 
         from raysim.lifecycle import end_processes
@@ -133,7 +151,9 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
             except psutil.NoSuchProcess:
                 pass
         end_processes(alive)
-        raise _stopped(sweep) from None
+        if isinstance(exc, KeyboardInterrupt):
+            raise _stopped(sweep) from None
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -67,7 +67,7 @@ class SystemModel:
         self._draw_availability()
         self._draw_unreliable()
         self._draw_byzantine()
-        self._coins_counter, self._coins = None, None  # Bernoulli coins of the latest counter
+        self._coins_counter, self._coin_key = None, None  # the latest counter and its Bernoulli coins' hash key
 
     # ------------------------------------------------------------------ static profiles
 
@@ -206,8 +206,8 @@ class SystemModel:
         if a.kind == "bernoulli":
             if self._coins_counter != counter:
                 key = stream(self.seed, Purpose.SYSTEM_AVAILABILITY, int(counter)).integers(0, 2 ** 64, dtype=np.uint64)
-                self._coins_counter, self._coins = counter, key
-            return _uniforms(self._coins, ids) < a.p
+                self._coins_counter, self._coin_key = counter, key
+            return _uniforms(self._coin_key, ids) < a.p
         if a.kind == "diurnal":
             return np.mod(t / a.period + self.profile["phase"][ids], 1.0) < a.on_fraction
         return self._intervals.active(ids, t)  # trace

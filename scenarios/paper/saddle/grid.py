@@ -90,7 +90,7 @@ def exact_minimum(setting: str, seed: int) -> float:
     from raysim.data import build_dataset
 
     cfg = load_scenario(str(HERE / SETTINGS[setting][0]), [f"seed={seed}"])
-    data = build_dataset(cfg.data, seed)
+    data = build_dataset(cfg.data, seed).materialize()
     train = np.concatenate([np.arange(lo, hi) for lo, hi, _ in data.offsets()])
     h = torch.from_numpy(data.features()[train].astype(np.float64))
     gamma = torch.from_numpy(2.0 * data.labels()[train] - 1.0)
