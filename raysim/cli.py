@@ -93,6 +93,12 @@ def cmd_validate(args) -> int:
     from raysim.engine.simulation import prepare
     from raysim.footprint import summary
 
+    from raysim.sweep import plan_sweep, read_scenario
+
+    if read_scenario(args.scenario)[1]:  # a sweep file: every point validates (plan_sweep checks each)
+        sweep = plan_sweep(args.scenario, overrides=args.overrides)
+        print(f"ok: {args.scenario}: a sweep of {len(sweep.points)} runs over {', '.join(sweep.grid)} into {sweep.out}")
+        return 0
     cfg = load_scenario(args.scenario, args.overrides)
     if cfg.runtime.backend == "ray":  # the actors must fit the embedded Ray it would start
         from actors.runtime import embedded_plan

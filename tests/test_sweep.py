@@ -212,3 +212,13 @@ def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys
     finally:
         held.kill()
         held.wait()
+
+
+def test_validate_of_a_sweep_file_checks_every_point(tmp_path, capsys):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(Path(QUICKSTART).read_text() + "sweep:\n  grid:\n    execution.rounds: [1, 2]\n"
+                    "    data.num_clients: [40, 30]\n")
+    assert main(["validate", str(path)]) == 0
+    assert "a sweep of 4 runs over execution.rounds, data.num_clients" in capsys.readouterr().out
+    assert main(["validate", str(path), "execution.clients_per_round=35"]) == 2  # 35 > the 30 clients of a point
+    assert "at sweep point" in capsys.readouterr().err
