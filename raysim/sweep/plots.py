@@ -85,6 +85,7 @@ def _plot(rows: list[dict], others: list, metric: str, key: str):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         ax.set_xticks(range(len(xs)), xs)
+    ax.set_ylim(bottom=0)  # every metric is >= 0: a zero baseline keeps small differences small
     if any(lines):
         ax.legend(fontsize="small")
     return fig
