@@ -52,7 +52,7 @@ class PartitionConfig:
 class DataConfig:
     """The federated data set."""
 
-    kind: str = "gaussian_mixture"  # gaussian_mixture | leaf_synthetic | digits | blobs | parquet | quadratic | saddle | synthetic_images
+    kind: str = "gaussian_mixture"  # see raysim.data.DATASETS (or package.module:function)
     num_clients: int = 100
     n: int = key(10000, "quadratic: rows of each client's matrices", when=QUADRATIC)
     d_theta: int = key(100, "quadratic: size of the global part θ", when=QUADRATIC)
@@ -79,9 +79,10 @@ class DataConfig:
                                   when=when("data.kind", "saddle", "synthetic_images"))
     dim: int = key(1, "saddle: dimension d of the features h (the bilinear model then has d + d² parameters)",
                    check=positive_int, when=SADDLE)
-    on_demand: Any = key("auto", "generated data (gaussian_mixture, leaf_synthetic, saddle, synthetic_images): build a client's rows where and when it "
-                                 "trains (true), every row up front in one shared table (false), or on demand when "
-                                 "that table would exceed 1 GiB (auto); results are the same either way",
+    on_demand: Any = key("auto", "generated data (gaussian_mixture, leaf_synthetic, saddle, synthetic_images): "
+                                 "build a client's rows where and when it trains (true), every row up front in one "
+                                 "shared table (false), or on demand when that table would exceed 1 GiB (auto); "
+                                 "results are the same either way",
                          check=Check(lambda v: v is True or v is False or v == "auto", "true, false or auto"),
                          when=GENERATED)
     cache_mb: float = key(128.0, "on-demand data: megabytes of built client rows each process keeps for the "

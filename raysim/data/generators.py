@@ -154,7 +154,8 @@ class SyntheticImagesLaw:
                        "image_shape": list(shape), "num_classes": self.num_classes,
                        "test_fraction": check_test_fraction(test_fraction)}
         self.test_rows = test_rows_beside(samples_per_client, test_fraction)
-        coarse = stream(seed, Purpose.SYNTHETIC_IMAGES).normal(0.0, _IMAGE_SIGNAL, size=(self.num_classes, shape[0], 4, 4))
+        coarse = stream(seed, Purpose.SYNTHETIC_IMAGES).normal(0.0, _IMAGE_SIGNAL,
+                                                               size=(self.num_classes, shape[0], 4, 4))
         self.prototypes = np.kron(coarse, np.ones((1, 1, shape[1] // 4, shape[2] // 4))).reshape(self.num_classes, -1)
 
     @classmethod
