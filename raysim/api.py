@@ -29,7 +29,7 @@ class RunResult:
 
 
 def make_runtime(cfg):
-    """The runtime ``runtime.backend`` names (the only place outside actors/ that reaches Ray)."""
+    """The runtime ``runtime.backend`` names (a run reaches Ray only through it)."""
     if cfg.runtime.backend == "local":
         from raysim.engine.runtime import LocalRuntime
 

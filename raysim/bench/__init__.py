@@ -23,7 +23,7 @@ MIB = 1024 * 1024
 TARGETS = {"w1": (" (target <= 1.3)", " (target >= 1.5)", " (target <= 1.2 GiB = 1229 MiB)")}  # wall, upd/s, PSS
 
 
-def _steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
+def steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
     """(updates/s, seconds per round) from the median round after the first (warm-up): the
     median keeps a hiccup of a shared machine from moving a 5-round figure."""
     per_round = statistics.median(round_seconds[1:] or round_seconds)
@@ -45,7 +45,7 @@ def run_raysim(workload: str, out: Path) -> dict:
         return dict(figures, updates_per_second=ups, seconds_per_round=1.0 / ups,
                     final_test_accuracy=summary["final_test_accuracy"], actors=summary["num_actors"])
     round_seconds = [c / u for c, u in zip(rounds["clients"], rounds["updates_per_second"])]
-    ups, per_round = _steady(round_seconds, rounds["clients"][0])
+    ups, per_round = steady(round_seconds, rounds["clients"][0])
     return dict(figures, updates_per_second=ups, seconds_per_round=per_round,
                 final_test_accuracy=summary["final_test_accuracy"], actors=summary["num_actors"])
 
@@ -59,7 +59,7 @@ def run_bare(workload: str, out: Path) -> dict:
     if figures["returncode"] != 0:
         raise RuntimeError(f"bare loop of {workload} failed with exit code {figures['returncode']}")
     result = json.loads(result_file.read_text())
-    ups, per_round = _steady(result["round_seconds"], result["clients_per_round"])
+    ups, per_round = steady(result["round_seconds"], result["clients_per_round"])
     return dict(figures, updates_per_second=ups, seconds_per_round=per_round,
                 final_test_accuracy=result["final_test_accuracy"], actors=0)
 

@@ -33,7 +33,7 @@ STATUS_COLORS = {"applied": "tab:green", "late": "tab:orange", "stale": "tab:pur
                  "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown"}
 _ROUND_COLUMNS = ("virtual_time", "wall_time", "test_accuracy")
 _EVENT_COLUMNS = ("client_id", "staleness", "status", "virtual_start", "virtual_end")
-_FIGSIZE, _DPI = (8.0, 5.0), 100
+_FIGSIZE, DPI = (8.0, 5.0), 100
 
 
 @dataclass
@@ -82,7 +82,7 @@ def write_report(run_dirs: list[str], out_dir: str | None = None) -> list[str]:
             continue
         path = os.path.join(out_dir, name)
         fig.tight_layout()
-        fig.savefig(path, dpi=_DPI)  # a bare Figure is not registered with pyplot: nothing to close
+        fig.savefig(path, dpi=DPI)  # a bare Figure is not registered with pyplot: nothing to close
         written.append(path)
     return written
 
@@ -167,7 +167,8 @@ def _overlaid_histograms(ax, series: list[tuple[str, np.ndarray]]) -> None:
     ax.legend()
 
 
-def _figure(title: str, xlabel: str, ylabel: str):
+def new_figure(title: str, xlabel: str, ylabel: str):
+    """A bare matplotlib Figure and its axes in the reports' size and style (save at :data:`DPI`)."""
     fig = Figure(figsize=_FIGSIZE)
     ax = fig.add_subplot()
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -186,7 +187,7 @@ def _accuracy_figure(runs: list[_Run], time_column: str, title: str, xlabel: str
                 series.append((run.label, x[keep], y[keep]))
     if not series:
         return None
-    fig, ax = _figure(title, xlabel, "test accuracy (fraction correct)")
+    fig, ax = new_figure(title, xlabel, "test accuracy (fraction correct)")
     for label, x, y in series:
         ax.plot(x, y, marker="o", markersize=3, label=label)
     ax.legend()
@@ -204,7 +205,7 @@ def _staleness_figure(runs: list[_Run]) -> Figure | None:
                 series.append((run.label, values.astype(int)))
     if not series:
         return None
-    fig, ax = _figure("Staleness of applied updates", "staleness (model versions behind)", "applied updates")
+    fig, ax = new_figure("Staleness of applied updates", "staleness (model versions behind)", "applied updates")
     _overlaid_histograms(ax, series)
     return fig
 
@@ -226,7 +227,7 @@ def _participation_figure(runs: list[_Run]) -> Figure | None:
         series.append((run.label, counts))
     if not series:
         return None
-    fig, ax = _figure("Participation per client", "applied updates per client (count)", "clients")
+    fig, ax = new_figure("Participation per client", "applied updates per client (count)", "clients")
     _overlaid_histograms(ax, [(f"{label} ({counts.size} clients)", counts) for label, counts in series])
     return fig
 

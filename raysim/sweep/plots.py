@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from raysim.metrics.report import _DPI, _figure
+from raysim.bench import MIB
+from raysim.metrics.report import DPI, new_figure
 from raysim.sweep.plan import value_text
 
-MIB = 1024 * 1024
 LABELS = {  # metric -> (axis label, scale)
     "steady_updates_per_second": ("steady updates per second", 1.0),
     "parallel_efficiency": ("parallel efficiency (speed-up / actors)", 1.0),
@@ -40,7 +40,7 @@ def write_plots(rows: list[dict], grid: dict, requests: list, out_dir: Path) -> 
             continue
         path = Path(out_dir) / f"{metric}_vs_{key}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=_DPI)
+        fig.savefig(path, dpi=DPI)
         written.append(str(path))
     return written
 
@@ -68,7 +68,7 @@ def _plot(rows: list[dict], others: list, metric: str, key: str):
     if not any(lines.values()):
         return None
     label, scale = LABELS.get(metric, (metric, 1.0))
-    fig, ax = _figure(f"{label} vs {key}", key, label)
+    fig, ax = new_figure(f"{label} vs {key}", key, label)
     for name, points in lines.items():
         order = sorted(points, key=lambda x: values[x]) if numeric else [x for x in xs if x in points]
         at = [values[x] if numeric else xs.index(x) for x in order]

@@ -105,7 +105,7 @@ def _flatten(node: dict, prefix: str = ""):
 
 def point_row(point) -> dict:
     """The point's row of sweep.parquet (the figures of a run that did not complete are null)."""
-    from raysim.bench import _steady
+    from raysim.bench import steady
 
     measured = _json(point.dir / MEASURED) or {}
     summary = _json(point.dir / "summary.json") or {}
@@ -120,7 +120,7 @@ def point_row(point) -> dict:
     ups = summary["steady_updates_per_second"]
     if point.cfg.execution.mode == "sync":
         steps = [b - a for a, b in zip([0.0] + wall[:-1], wall)]  # a round's wall: since the previous row
-        per_round = _steady(steps, point.cfg.execution.clients_per_round)[1]
+        per_round = steady(steps, point.cfg.execution.clients_per_round)[1]
     else:
         per_round = 1.0 / ups if ups else None
     row.update(startup_seconds=summary["wall_seconds"] - (wall[-1] - wall[0]), steady_updates_per_second=ups,
