@@ -3,8 +3,8 @@
 The job ships the repository (``raysim/``, ``actors/``, ``scenarios/``, ``examples/``) as its
 working_dir, and the local modules of a scenario's custom algorithm, model or data set as its
 ``py_modules`` (:func:`local_modules`), and runs
-``python -m raysim.cli run SCENARIO key=value … --quiet`` (or ``resume OUTPUT_DIR …``) on the
-cluster (the working_dir is on the job's ``sys.path``; the package need not be installed there).
+``python -m raysim.cli run SCENARIO key=value … --quiet`` (or ``resume OUTPUT_DIR …``, or
+``sweep FILE …`` for a file with a ``sweep:`` section) on the cluster (the working_dir is on the job's ``sys.path``; the package need not be installed there).
 """
 
 from __future__ import annotations
