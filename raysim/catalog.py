@@ -18,7 +18,8 @@ from raysim.errors import ScenarioError
 MODELS = {
     "logreg": "multinomial logistic regression (one Linear layer)",
     "mlp": "fully connected net; keys model.hidden (sizes), model.activation",
-    "cnn": "small conv net for image data (digits, or parquet with data.image_shape); key model.channels",
+    "cnn": "small conv net for image data (digits, synthetic_images, or parquet with data.image_shape); "
+           "key model.channels",
     "quadratic": "the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
                  "model.personal=[w]",
     "bilinear": "the saddle problem's model (data.kind=saddle): logits [0, w1ᵀW2h] with w1 [d], W2 [d, d], so the "

@@ -66,8 +66,8 @@ def _module(cfg, feature_shape: tuple, num_classes: int, seed: int) -> nn.Module
         return nn.Sequential(*layers, nn.Linear(width, num_classes))
     if cfg.kind == "cnn":
         if len(feature_shape) != 3:
-            raise ScenarioError("model.kind", "cnn", "image data: data.kind=digits, or parquet with "
-                                f"data.image_shape set (features here have shape {list(feature_shape)})")
+            raise ScenarioError("model.kind", "cnn", "image data: data.kind=digits or synthetic_images, or parquet "
+                                f"with data.image_shape set (features here have shape {list(feature_shape)})")
         channels, height, width = feature_shape
         layers = []
         for out in cfg.channels:
