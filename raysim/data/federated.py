@@ -198,8 +198,9 @@ class FederatedDataset:
         """Every client's rows in one table: this data set (as :meth:`GeneratedDataset.materialize`)."""
         return self
 
-    def rows_of(self, client_ids, split: str = "all") -> ClientRows:
-        """The ``split`` rows ('all', 'train' or 'test') of the given clients, copied."""
+    def rows_of(self, client_ids, split: str = "all", keep: bool = True) -> ClientRows:
+        """The ``split`` rows ('all', 'train' or 'test') of the given clients, copied (``keep``: as
+        :meth:`GeneratedDataset.rows_of`'s; a table has no cache to keep them in)."""
         return gather_rows(self.features(), self.labels(), self.offsets()[np.asarray(client_ids, dtype=np.int64)],
                            split)
 

@@ -89,23 +89,24 @@ class GeneratedDataset:
         """int64 ``[num_clients]``: test rows per client."""
         return self._test
 
-    def client(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def client(self, k: int, keep: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Client ``k``'s rows (train then test): float32 features ``[n, D]`` and int64 labels, from
-        the cache or built now (and cached, evicting the least recently used clients)."""
+        the cache or built now (and, with ``keep``, cached, evicting the least recently used clients)."""
         if k in self._cache:
             self._cache.move_to_end(k)
             return self._cache[k]
         rows = self.law.rows(k, int(self._train[k]), int(self._test[k]))
         size = rows[0].nbytes + rows[1].nbytes
-        if size <= self.cache_bytes:
+        if keep and size <= self.cache_bytes:
             while self._cached_bytes + size > self.cache_bytes:
                 _, (x, y) = self._cache.popitem(last=False)
                 self._cached_bytes -= x.nbytes + y.nbytes
             self._cache[k], self._cached_bytes = rows, self._cached_bytes + size
         return rows
 
-    def rows_of(self, client_ids, split: str = "all") -> ClientRows:
-        """The ``split`` rows ('all', 'train' or 'test') of the given clients, built as needed."""
+    def rows_of(self, client_ids, split: str = "all", keep: bool = True) -> ClientRows:
+        """The ``split`` rows ('all', 'train' or 'test') of the given clients, built as needed (and
+        kept in the cache unless ``keep`` is false: a caller that holds its copy, as evaluation does)."""
         ids = np.asarray(client_ids, dtype=np.int64)
         train, test = self._train[ids], self._test[ids]
         local = np.stack([np.zeros_like(train), train, train + test], axis=1)
@@ -114,7 +115,7 @@ class GeneratedDataset:
         total = int(packed[-1, 2]) if len(ids) else 0
         features, labels = np.empty((total, self.num_features), np.float32), np.empty(total, np.int64)
         for k, a, b, (start, _, end) in zip(ids.tolist(), lo, hi, packed):  # one client's rows at a time
-            x, y = self.client(k)
+            x, y = self.client(k, keep)
             features[start:end], labels[start:end] = x[a:b], y[a:b]
         return ClientRows(features, labels, packed)
 

@@ -30,7 +30,7 @@ class GlobalEvaluator:
     (every client, or the seeded sample of ``eval.clients``)."""
 
     def __init__(self, model, dataset, clients: np.ndarray, threads: int):
-        rows = dataset.rows_of(clients, "test")
+        rows = dataset.rows_of(clients, "test", keep=False)  # this copy is the evaluator's own
         self.features = torch.from_numpy(rows.features).reshape(-1, *dataset.feature_shape)
         self.labels = torch.from_numpy(rows.labels)
         self.model, self.threads = model, threads
@@ -79,7 +79,7 @@ class CurvatureEvaluator:
 
     def __init__(self, model, dataset, uniform: bool, weight_decay: float, threads: int):
         sizes = dataset.train_sizes()
-        rows = dataset.rows_of(np.arange(dataset.num_clients), "train")
+        rows = dataset.rows_of(np.arange(dataset.num_clients), "train", keep=False)
         if uniform:  # p_k / n_k per row of client k
             share = 1.0 / (np.count_nonzero(sizes) * np.maximum(sizes, 1))
         else:
