@@ -40,10 +40,11 @@ class GeneratedDataset:
     holds ``kind`` (``generated``), ``generator``, ``seed``, ``params`` (JSON) and ``cache_bytes``.
     """
 
-    def __init__(self, table: pa.Table):
+    def __init__(self, table: pa.Table, law=None):
+        """``law``: the law the table's metadata names, when the caller has it already built."""
         meta = table.schema.metadata
         self.table = table
-        self.law = LAWS[meta[b"generator"].decode()](int(meta[b"seed"]), **json.loads(meta[b"params"]))
+        self.law = law or LAWS[meta[b"generator"].decode()](int(meta[b"seed"]), **json.loads(meta[b"params"]))
         self.cache_bytes = int(meta[b"cache_bytes"])
         self._train = table.column("train_size").to_numpy().astype(np.int64)
         self._test = table.column("test_size").to_numpy().astype(np.int64)
@@ -63,7 +64,8 @@ class GeneratedDataset:
                 "cache_bytes": str(int(cache_mb * 2 ** 20))}
         schema = pa.schema([("train_size", pa.int32()), ("test_size", pa.int32())],
                            metadata={k.encode(): v.encode() for k, v in meta.items()})
-        return cls(pa.Table.from_arrays([pa.array(train, pa.int32()), pa.array(test, pa.int32())], schema=schema))
+        return cls(pa.Table.from_arrays([pa.array(train, pa.int32()), pa.array(test, pa.int32())], schema=schema),
+                   law)
 
     @property
     def num_clients(self) -> int:
