@@ -60,8 +60,10 @@ class DataConfig:
     realizable: bool = key(False, "quadratic: targets from a planted (θ, w_m)", when=QUADRATIC)
     feature_shift: bool = key(False, "digits: per-client pixel gain, offset and translation", when=DIGITS)
     concept_shift: bool = key(False, "digits: per-client permutation of the labels", when=DIGITS)
-    alpha: float = key(1.0, "leaf_synthetic: model heterogeneity (variance)", when=LEAF)
-    beta: float = key(1.0, "leaf_synthetic: data heterogeneity (variance)", when=LEAF)
+    alpha: float = key(1.0, "leaf_synthetic: model heterogeneity (standard deviation of u_k)", when=LEAF)
+    beta: float = key(1.0, "leaf_synthetic: data heterogeneity (standard deviation of B_k)", when=LEAF)
+    iid: bool = key(False, "leaf_synthetic: the IID variant (one W, b for every client; x centred on B_k)",
+                    when=LEAF)
     test_fraction: float = 0.2  # share of each client's rows held out for testing
     partition: PartitionConfig = key(doc="digits, blobs: the split across clients", factory=PartitionConfig,
                                      when=SPLIT)
@@ -462,8 +464,8 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _custom_or_one_of("data.kind", d.kind, DATASETS, d.options, "a function returning a raysim.data.FederatedDataset")
     check_num_clients(d.num_clients)
     _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
-    _positive("data.alpha", d.alpha)
-    _positive("data.beta", d.beta)
+    _non_negative("data.alpha", d.alpha)
+    _non_negative("data.beta", d.beta)
     if d.kind in ("digits", "blobs"):
         p = d.partition
         _one_of("data.partition.kind", p.kind, PARTITIONERS)

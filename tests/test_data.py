@@ -25,7 +25,7 @@ def part_cfg(kind="iid", **kw):
 
 
 def data_cfg(kind, **kw):
-    base = dict(kind=kind, num_clients=4, alpha=1.0, beta=1.0, test_fraction=0.2,
+    base = dict(kind=kind, num_clients=4, alpha=1.0, beta=1.0, iid=False, test_fraction=0.2,
                 partition=part_cfg(), path=None, label_column="label", client_column="client_id",
                 feature_columns=None, image_shape=None, feature_shift=False, concept_shift=False, on_demand="auto",
                 cache_mb=128.0)
@@ -166,10 +166,37 @@ def test_leaf_synthetic():
     same = leaf_synthetic(6, 1.0, 1.0, 0, 0.25)
     other = leaf_synthetic(6, 1.0, 1.0, 1, 0.25)
     assert same.table.equals(ds.table) and not other.table.equals(ds.table)
-    with pytest.raises(ScenarioError, match=r"^data\.alpha = -1"):
+    with pytest.raises(ScenarioError, match=r"^data\.alpha = -1: expected a standard deviation"):
         leaf_synthetic(2, -1, 1.0, 0, 0.2)
     with pytest.raises(ScenarioError, match=r"^data\.test_fraction"):
         leaf_synthetic(2, 1.0, 1.0, 0, 1.0)
+
+
+def _leaf_reference(seed: int, k: int, alpha: float, beta: float, iid: bool):
+    """Client k of Synthetic(alpha, beta) drawn as LEAF's and FedProx's generate_synthetic.py draw it
+    (alpha, beta standard deviations), from raysim's streams: (x, y)."""
+    rng = stream(seed, Purpose.LEAF_SYNTHETIC, k)
+    n = int(rng.lognormal(4, 2)) + 50
+    u = rng.normal(0, alpha)
+    b_mean = rng.normal(0, beta)
+    if iid:
+        shared = stream(seed, Purpose.LEAF_SYNTHETIC)
+        w, b = shared.normal(0, 1, (10, 60)), shared.normal(0, 1, 10)
+        mean_x = np.ones(60) * b_mean
+    else:
+        w, b, mean_x = rng.normal(u, 1, (10, 60)), rng.normal(u, 1, 10), rng.normal(b_mean, 1, 60)
+    x = mean_x + rng.normal(0, 1, (n, 60)) * np.arange(1, 61) ** -0.6
+    return x.astype(np.float32), np.argmax(x @ w.T + b, axis=1)
+
+
+@pytest.mark.parametrize("iid", [False, True])
+def test_leaf_synthetic_draws_alpha_and_beta_as_standard_deviations(iid):
+    ds = leaf_synthetic(4, 0.5, 2.0, seed=3, test_fraction=0.2, iid=iid)
+    off = ds.offsets()
+    for k in range(4):
+        x, y = _leaf_reference(3, k, 0.5, 2.0, iid)
+        a, _, e = off[k]
+        assert np.array_equal(ds.features()[a:e], x) and np.array_equal(ds.labels()[a:e], y)
 
 
 def test_digits_and_build_dataset():

@@ -76,27 +76,34 @@ def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
 
 
 class LeafSyntheticLaw:
-    """LEAF/FedProx Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes.
+    """LEAF/FedProx Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes,
+    as the reference generators of LEAF and FedProx draw it (alpha and beta are standard deviations).
 
     Client ``k`` draws from the stream ``(Purpose.LEAF_SYNTHETIC, k)``, in order: ``n_k = int(lognormal(4, 2)) + 50``,
-    ``u_k ~ N(0, alpha)``, ``B_k ~ N(0, beta)`` (alpha, beta are variances), ``W_k`` (10x60) and
-    ``b_k`` ``~ N(u_k, 1)``, ``v_k ~ N(B_k, 1)``, then ``x ~ N(v_k, diag(j^-1.2))`` and
-    ``y = argmax(W_k x + b_k)``. The first ``max(1, n_k - round(test_fraction n_k))`` rows train.
+    ``u_k ~ N(0, alpha²)``, ``B_k ~ N(0, beta²)``, then (non-IID) ``W_k`` (10x60) and ``b_k ~ N(u_k, 1)``,
+    ``v_k ~ N(B_k, 1)``, and ``x ~ N(v_k, diag(j^-1.2))``, ``y = argmax(W_k x + b_k)``. The IID variant
+    (``iid``) uses one ``W``, ``b ~ N(0, 1)`` drawn from the stream ``(Purpose.LEAF_SYNTHETIC,)`` for every
+    client and ``v_k = B_k·1``. The first ``max(1, n_k - round(test_fraction n_k))`` rows train.
     """
 
     name, num_classes, feature_shape = "leaf_synthetic", _CLASSES, (_DIM,)
 
-    def __init__(self, seed: int, alpha: float, beta: float, test_fraction: float):
+    def __init__(self, seed: int, alpha: float, beta: float, test_fraction: float, iid: bool = False):
         for key, value in (("data.alpha", alpha), ("data.beta", beta)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
-                raise ScenarioError(key, value, "a variance >= 0")
+                raise ScenarioError(key, value, "a standard deviation >= 0")
         self.seed = int(seed)
-        self.params = {"alpha": float(alpha), "beta": float(beta), "test_fraction": check_test_fraction(test_fraction)}
+        self.params = {"alpha": float(alpha), "beta": float(beta), "test_fraction": check_test_fraction(test_fraction),
+                       "iid": bool(iid)}
+        self.shared = None
+        if iid:
+            rng = stream(self.seed, Purpose.LEAF_SYNTHETIC)
+            self.shared = rng.normal(0.0, 1.0, size=(_CLASSES, _DIM)), rng.normal(0.0, 1.0, size=_CLASSES)
 
     @classmethod
     def from_config(cls, data_cfg, seed: int) -> LeafSyntheticLaw:
         """The law of the scenario's ``data`` keys."""
-        return cls(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction)
+        return cls(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction, data_cfg.iid)
 
     def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
         """(train, test) rows of every client (the first draw of each client's stream)."""
@@ -109,11 +116,14 @@ class LeafSyntheticLaw:
         """Client ``k``'s rows, train then test."""
         rng = stream(self.seed, Purpose.LEAF_SYNTHETIC, k)
         n = int(rng.lognormal(4.0, 2.0)) + 50
-        u = rng.normal(0.0, np.sqrt(self.params["alpha"]))
-        b_mean = rng.normal(0.0, np.sqrt(self.params["beta"]))
-        w = rng.normal(u, 1.0, size=(_CLASSES, _DIM))
-        b = rng.normal(u, 1.0, size=_CLASSES)
-        v = rng.normal(b_mean, 1.0, size=_DIM)
+        u = rng.normal(0.0, self.params["alpha"])
+        b_mean = rng.normal(0.0, self.params["beta"])
+        if self.shared is None:
+            w = rng.normal(u, 1.0, size=(_CLASSES, _DIM))
+            b = rng.normal(u, 1.0, size=_CLASSES)
+            v = rng.normal(b_mean, 1.0, size=_DIM)
+        else:
+            (w, b), v = self.shared, np.full(_DIM, b_mean)
         x = v + rng.normal(0.0, 1.0, size=(n, _DIM)) * _LEAF_STD_X
         return x.astype(np.float32), np.argmax(x @ w.T + b, axis=1).astype(np.int64)
 
@@ -122,11 +132,11 @@ _LEAF_STD_X = np.arange(1, _DIM + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
 
 
 def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
-                   test_fraction: float) -> FederatedDataset:
+                   test_fraction: float, iid: bool = False) -> FederatedDataset:
     """Every row of LEAF/FedProx Synthetic(alpha, beta) (:class:`LeafSyntheticLaw`) in one table."""
     from raysim.data.generated import GeneratedDataset
 
-    return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction), num_clients).materialize()
+    return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction, iid), num_clients).materialize()
 
 
 class SyntheticImagesLaw:
