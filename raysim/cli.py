@@ -12,8 +12,9 @@ EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 class ProgressBar:
-    """tqdm bar over rounds (sync) or applied updates (async), with accuracy and updates per second;
-    it appears with the scheduler's first report (a run refused earlier prints only its error)."""
+    """tqdm bar over rounds (sync) or applied updates (async), with accuracy (a quadratic problem's
+    rel_error) and updates per second; it appears with the scheduler's first report (a run refused
+    earlier prints only its error)."""
 
     def __init__(self, cfg, enabled: bool):
         ex = cfg.execution
@@ -34,7 +35,11 @@ class ProgressBar:
         now, applied = time.perf_counter(), report["applied"]
         rate = (applied - self.last[1]) / max(now - self.last[0], 1e-9)  # since the previous report
         self.last = (now, applied)
-        self.bar.set_postfix({"acc": "-" if acc != acc else f"{acc:.4f}", "upd/s": f"{rate:.0f}"})
+        metric = {"acc": "-" if acc != acc else f"{acc:.4f}"}
+        rel_error = report["rounds"][-1].get("rel_error") if report["rounds"] else None
+        if acc != acc and rel_error is not None:  # a quadratic problem: no test set, an exact error instead
+            metric = {"rel_error": f"{rel_error:.3g}"}
+        self.bar.set_postfix({**metric, "upd/s": f"{rate:.0f}"})
 
     def close(self):
         if self.bar is not None:
@@ -81,11 +86,33 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
     finally:
         bar.close()
     if not args.quiet:
-        acc = summary["final_test_accuracy"]
-        print(f"{cfg.name}: {summary['rounds']} rounds, {summary['client_updates']} client updates, "
-              f"final test accuracy {acc if acc is None else round(acc, 4)}, "
+        steps = (f"{summary['rounds']} rounds" if cfg.execution.mode == "sync"
+                 else f"{summary['server_steps']} server steps")
+        print(f"{cfg.name}: {steps}, {summary['client_updates']} client updates, {_final_metrics(summary)}, "
               f"{summary['wall_seconds']:.1f} s wall -> {cfg.output.dir}")
     return 0
+
+
+def _final_metrics(summary: dict) -> str:
+    """The run's final figures: test accuracy, or the diagnostics a run without a test set logs
+    (quadratic, saddle)."""
+    if summary["final_test_accuracy"] is not None or not summary["final_diagnostics"]:
+        acc = summary["final_test_accuracy"]
+        return f"final test accuracy {acc if acc is None else round(acc, 4)}"
+    return "final " + ", ".join(f"{k} {v:.4g}" for k, v in summary["final_diagnostics"].items())
+
+
+def _budget(ex) -> str:
+    """What a run's execution section runs for, in words."""
+    if ex.mode == "sync":
+        deadline = "" if ex.deadline is None else f", deadline {ex.deadline:g} s"
+        return f"{ex.rounds} rounds of {ex.clients_per_round} clients{deadline}"
+    stops = [f"{ex.max_updates} updates" if ex.max_updates is not None else None,
+             f"{ex.max_virtual_time:g} virtual seconds" if ex.max_virtual_time is not None else None,
+             f"test accuracy {ex.target_accuracy:g}" if ex.target_accuracy is not None else None]
+    buffer = f" (buffer {ex.buffer_size})" if ex.aggregation == "fedbuff" else ""
+    return (f"async {ex.aggregation}{buffer}, {ex.concurrency} in flight, until "
+            + " or ".join(s for s in stops if s))
 
 
 def cmd_validate(args) -> int:
@@ -106,8 +133,7 @@ def cmd_validate(args) -> int:
         embedded_plan(cfg.runtime)
     prepared = prepare(cfg, create_output=False)
     dataset, model = prepared.dataset, prepared.model
-    ex = cfg.execution
-    budget = f"{ex.rounds} rounds" if ex.mode == "sync" else f"async, {ex.concurrency} in flight"
+    budget = _budget(cfg.execution)
     print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
           f"algorithm {cfg.algorithm.name}, {budget}; {summary(cfg)}")

@@ -316,12 +316,20 @@ def _read_yaml(path: str) -> DictConfig:
         if isinstance(content, dict) and content:
             return OmegaConf.create(text)
     except Exception as exc:  # yaml errors come in several types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ScenarioError("scenario", path, f"valid YAML ({first})") from None
+        raise ScenarioError("scenario", path, f"valid YAML ({_yaml_problem(exc)})") from None
     shown = "null" if content is None else "a list" if isinstance(content, list) and content else repr(content)
     what = "the file is empty" if yaml.compose(text) is None else f"the file holds {shown}"  # None: no document
     raise ScenarioError("scenario", path, f"a YAML mapping of scenario keys ({', '.join(TOP_LEVEL_KEYS[:4])}, ...); "
                                           f"{what}")
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """Where and what a YAML error is: "line L, column C: problem" (1-based) when the parser marked it."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if mark is not None:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem or type(exc).__name__}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _parse_overrides(overrides) -> DictConfig:

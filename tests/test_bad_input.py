@@ -156,6 +156,20 @@ def test_scenario_file_without_keys(tmp_path, capsys, text, what):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text, where", [
+    ("name: x\ndata:\n  kind: [gaussian\n  num_clients: 3\n", "line 4, column 14: expected ',' or ']', but got ':'"),
+    ("name: x\ndata:\n  kind: a\n   num_clients: 3\n", "line 4, column 15: mapping values are not allowed here"),
+    ("name: x\ndata:\n  kind: a\n  kind: b\n", "line 4, column 3: found duplicate key kind"),
+])
+def test_yaml_syntax_error_names_line_and_column(tmp_path, capsys, text, where):
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    assert run_main(capsys, "run", str(path), "runtime.backend=local", f"output.dir={out}") == (
+        f"error: scenario = '{path}': expected valid YAML ({where})")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("column, values, shown", [
     ("f0", [0.5, float("nan"), 1.5, 2.0], "nan"),
     ("f0", [0.5, 1.0, float("inf"), 2.0], "inf"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,30 @@ def test_cli_validate_ok(capsys):
     assert main(["validate", "scenarios/quickstart.yaml", "model.hidden=[32,32]"]) == 0
     out = capsys.readouterr().out
     assert "ok:" in out and "100 clients" in out and "mlp" in out
+
+
+@pytest.mark.parametrize("scenario, overrides, budget", [
+    ("quickstart", [], "algorithm fedavg, 30 rounds of 20 clients;"),
+    ("quickstart", ["execution.deadline=50"], "30 rounds of 20 clients, deadline 50 s;"),
+    ("bench/w1_async", [], "algorithm fedavg, async fedasync, 100 in flight, until 2000 updates;"),
+    ("bench/w1_async", ["execution.aggregation=fedbuff", "execution.buffer_size=5", "execution.max_updates=null",
+                        "execution.max_virtual_time=900", "execution.target_accuracy=0.8", "eval.every=10"],
+     "async fedbuff (buffer 5), 100 in flight, until 900 virtual seconds or test accuracy 0.8;"),
+])
+def test_cli_validate_describes_the_budget(capsys, scenario, overrides, budget):
+    assert main(["validate", f"scenarios/{scenario}.yaml", *overrides]) == 0
+    assert budget in capsys.readouterr().out
+
+
+def test_quadratic_run_ends_with_its_own_metrics(tmp_path, capsys):
+    out = tmp_path / "q"
+    assert main(["run", "scenarios/paper/ffgg_quadratic_cg.yaml", "execution.rounds=3", "data.n=50",
+                 f"output.dir={out}"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    final = json.loads((out / "summary.json").read_text())["final_diagnostics"]
+    assert set(final) == {"rel_error", "grad_norm_sq", "loss_gap"} and 0 < final["rel_error"] < 1
+    assert f"3 rounds, 96 client updates, final rel_error {final['rel_error']:.4g}, " in line
+    assert "accuracy" not in line
 
 
 def test_cli_bad_input_has_no_traceback_in_a_real_process():

@@ -44,6 +44,7 @@ EVENTS_SCHEMA = pa.schema([
     ("status", pa.string()), ("node", pa.string()),
 ])
 LOGS = {"rounds.parquet": ROUNDS_SCHEMA, "events.parquet": EVENTS_SCHEMA}
+DIAGNOSTICS = ("rel_error", "grad_norm_sq", "loss_gap", "objective", "hessian_min_eig")  # summary: their last values
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
 
@@ -58,6 +59,7 @@ class Tally:
     first_wall: float = math.nan
     last_wall: float = math.nan
     steady_updates: int = 0
+    diagnostics: dict = field(default_factory=dict)  # the last non-null value of each DIAGNOSTICS column
 
     def add(self, report: dict) -> None:
         """Count a scheduler report's events and rounds."""
@@ -72,6 +74,7 @@ class Tally:
                 self.steady_updates += row["clients"]
             self.last_wall = row["wall_time"]
             self.rounds += 1
+            self.diagnostics.update({k: row[k] for k in DIAGNOSTICS if row.get(k) is not None})
 
     def steady_rate(self) -> float | None:
         """Applied updates per wall second after the first server step."""
@@ -270,6 +273,7 @@ class Run:
             "final_personalized_accuracy": _null(last.get("personalized_accuracy")),
             "final_personalized_accuracy_mean": _null(last.get("personalized_accuracy_mean")),
             "final_personalized_accuracy_ci95": _null(last.get("personalized_accuracy_ci95")),
+            "final_diagnostics": {k: float(v) for k, v in self.tally.diagnostics.items()},
             "evaluated_clients": min(cfg.eval.clients or math.inf, self.prepared.dataset.num_clients),
             "data_on_demand": isinstance(self.prepared.dataset, GeneratedDataset),
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
