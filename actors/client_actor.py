@@ -30,10 +30,14 @@ class ClientActor:
             self.host = ClientHost(scenario, table, actor_index, device)
 
     def run(self, payloads: dict, tasks: list) -> list:
-        """Run tasks against the broadcast payloads (version -> payload or object-store reference)."""
+        """Run tasks against the broadcast payloads (version -> object-store reference, or the
+        payload itself with its tensors as numpy arrays)."""
+        import torch
+
         refs = [v for v, p in payloads.items() if isinstance(p, ray.ObjectRef)]
         resolved = dict(zip(refs, ray.get([payloads[v] for v in refs])))
-        return self.host.run({v: resolved.get(v, p) for v, p in payloads.items()}, tasks)
+        inline = {v: {k: torch.tensor(a) for k, a in p.items()} for v, p in payloads.items() if v not in resolved}
+        return self.host.run({**resolved, **inline}, tasks)
 
     def info(self) -> dict:
         """Actor index, device, node, assigned GPU ids and process id."""

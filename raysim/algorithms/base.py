@@ -95,7 +95,10 @@ class ClientUpdates:
 
     @staticmethod
     def concat(parts: list) -> "ClientUpdates":
-        """Join several tasks' results, sorted by client id (the aggregation order)."""
+        """Join several tasks' results, sorted by client id (the aggregation order); one client's
+        result is returned as it is."""
+        if len(parts) == 1 and len(parts[0].client_ids) == 1:
+            return parts[0]
         ids = np.concatenate([p.client_ids for p in parts])
         order = np.argsort(ids, kind="stable")
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
