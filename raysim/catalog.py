@@ -18,13 +18,19 @@ from raysim.errors import ScenarioError
 MODELS = {
     "logreg": "multinomial logistic regression (one Linear layer)",
     "mlp": "fully connected net; keys model.hidden (sizes), model.activation",
-    "cnn": "small conv net for image data (digits, synthetic_images, or parquet with data.image_shape); "
-           "key model.channels",
+    "cnn": "small conv net for image data (digits, synthetic_images, mnist, fashion_mnist, cifar10, cifar100, leaf "
+           "FEMNIST, or parquet with data.image_shape); key model.channels",
     "quadratic": "the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
                  "model.personal=[w]",
     "bilinear": "the saddle problem's model (data.kind=saddle): logits [0, w1ᵀW2h] with w1 [d], W2 [d, d], so the "
                 "cross-entropy is log(1 + exp(−γ·w1ᵀW2h)); key model.init_scale",
+    "char_lstm": "LEAF's Shakespeare model: embedding 8, 2-layer LSTM 256; next of 80 characters (vocab = classes)",
+    "femnist_cnn": "LEAF/FedAvg CNN for [1, 28, 28] images: 5x5 convs 32, 64 with max-pooling, dense 2048",
+    "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (2 groups), as FedACG's; [channels, height, width] images",
 }
+
+SEQUENCE_LENGTH = 80  # char_lstm: LEAF Shakespeare's 80 characters in, the next one out
+FEMNIST_SHAPE = (1, 28, 28)  # femnist_cnn's images
 
 ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
 
@@ -103,3 +109,31 @@ def check_init(personal, how: str) -> None:
     if how == "zero" and personal == "adapter":
         raise ScenarioError("model.personal_init", how,
                             "random or global with model.personal=adapter (a zero LoRA pair has zero gradient)")
+
+
+def check_model_data(kind: str, feature_shape: tuple, num_classes: int) -> None:
+    """The built-in ``model.kind`` takes data of ``feature_shape`` with ``num_classes`` classes (0: the
+    quadratic problem); else ScenarioError. Torch-free, so that :func:`raysim.engine.simulation.prepare`
+    checks it before Ray starts; :func:`raysim.models.build_model` checks it before building."""
+    shape = [int(size) for size in feature_shape]
+    if ":" in kind:  # a user's factory decides
+        return
+    if kind == "quadratic" and num_classes != 0:
+        raise ScenarioError("model.kind", kind, "data.kind=quadratic (the model of that problem)")
+    if kind != "quadratic" and num_classes == 0:
+        raise ScenarioError("model.kind", kind, "quadratic with data.kind=quadratic")
+    if kind == "cnn" and len(shape) != 3:
+        raise ScenarioError("model.kind", kind, "image data: data.kind=digits, synthetic_images, mnist, fashion_mnist, "
+                            "cifar10, cifar100 or leaf (FEMNIST), or parquet with data.image_shape set (features "
+                            f"here have shape {shape})")
+    if kind == "char_lstm" and shape != [SEQUENCE_LENGTH]:
+        raise ScenarioError("model.kind", kind, f"character sequences: features of {SEQUENCE_LENGTH} character "
+                            f"indices, as LEAF Shakespeare's (features here have shape {shape})")
+    if kind == "femnist_cnn" and shape != list(FEMNIST_SHAPE):
+        raise ScenarioError("model.kind", kind, "28x28 grey-scale images of shape [1, 28, 28] (leaf FEMNIST, mnist, "
+                            "fashion_mnist; synthetic_images with data.image_shape=[1,28,28]) (features here have "
+                            f"shape {shape})")
+    if kind == "resnet18_gn" and len(shape) != 3:
+        raise ScenarioError("model.kind", kind, "image data of shape [channels, height, width] (cifar10, cifar100, "
+                            "synthetic_images, or parquet with data.image_shape set) (features here have shape "
+                            f"{shape})")

@@ -199,7 +199,7 @@ def cmd_jobs(args) -> int:
 def cmd_report(args) -> int:
     from raysim.metrics.report import time_to_accuracy_table, write_report
 
-    for path in write_report(args.runs, args.out):
+    for path in write_report(args.runs, args.out, args.target):
         print(path)
     if args.target is not None:
         print(time_to_accuracy_table(args.runs, args.target))
@@ -257,12 +257,14 @@ def parser() -> argparse.ArgumentParser:
     jbs.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
     jbs.add_argument("--stop", metavar="JOB_ID", help="stop this job")
     jbs.set_defaults(func=cmd_jobs)
-    rep = sub.add_parser("report", help="PNG plots of one or more runs (accuracy vs virtual and wall time, "
-                                       "staleness, participation, task timeline)")
-    rep.add_argument("runs", nargs="+", help="run directories (output.dir of earlier runs)")
-    rep.add_argument("--out", help="directory for the PNGs (default: the run's directory, or <parent>/report)")
-    rep.add_argument("--target", type=float, help="also print a Markdown table of the time each run took to "
-                                                  "reach this test accuracy")
+    rep = sub.add_parser("report", help="PNG plots of one or more runs (accuracy and loss vs rounds, virtual "
+                                       "and wall time, diagnostics, staleness, participation, task timeline) "
+                                       "and report.html, all plots and a table of the runs in one file")
+    rep.add_argument("runs", nargs="+", help="run directories (output.dir of earlier runs, paths or URIs)")
+    rep.add_argument("--out", help="directory for the PNGs and report.html (default: the run's directory, "
+                                   "or <parent>/report)")
+    rep.add_argument("--target", type=float, help="test accuracy to draw on the accuracy plots, each run's time "
+                                                  "to reach it in the legend; also print a Markdown table of them")
     rep.set_defaults(func=cmd_report)
     bench = sub.add_parser("bench", help="workload W1 (and W2) against a bare PyTorch loop, same run")
     bench.add_argument("--w2", action="store_true", help="also run W2 (10,000 clients)")

@@ -20,6 +20,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
+from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES, PARTITIONED_FILES
 from raysim.data.generated import LAWS
 from raysim.errors import ScenarioError
 from raysim.algorithms.keys import check_aggregator
@@ -30,7 +31,8 @@ from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig, byzantine_cou
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                    ("digits", "quadratic", "leaf_synthetic", "parquet", "blobs",
                                                     "saddle"))
-SPLIT = when("data.kind", "digits", "blobs")  # centralized data sets that data.partition splits
+SPLIT_KINDS = ("digits", "blobs", *PARTITIONED_FILES)  # centralized data sets that data.partition splits
+SPLIT = when("data.kind", *SPLIT_KINDS)
 GENERATED = when("data.kind", *LAWS)  # generated kinds: their rows can be built per client
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
@@ -65,12 +67,14 @@ class DataConfig:
     iid: bool = key(False, "leaf_synthetic: the IID variant (one W, b for every client; x centred on B_k)",
                     when=LEAF)
     test_fraction: float = 0.2  # share of each client's rows held out for testing
-    partition: PartitionConfig = key(doc="digits, blobs: the split across clients", factory=PartitionConfig,
-                                     when=SPLIT)
+    partition: PartitionConfig = key(doc="digits, blobs, mnist, fashion_mnist, cifar10, cifar100: the split across "
+                                         "clients", factory=PartitionConfig, when=SPLIT)
     num_samples: int = key(20000, "blobs: samples in the centralized set", when=BLOBS)
     num_features: int = key(64, "blobs: features per sample", when=BLOBS)
     num_classes: int = key(10, "blobs, synthetic_images: classes", when=when("data.kind", "blobs", "synthetic_images"))
-    path: Optional[str] = key(None, "parquet: file or directory", when=PARQUET)
+    path: Optional[str] = key(None, "parquet: file or directory; leaf: a JSON file, a directory of them, or one "
+                                    "with train/ and test/ of them; mnist, fashion_mnist, cifar10, cifar100: the "
+                                    "directory of their files", when=when("data.kind", *DATA_FILES))
     label_column: str = key("label", "parquet: the label column", when=PARQUET)
     client_column: str = key("client_id", "parquet: the client column", when=PARQUET)
     feature_columns: Optional[List[str]] = key(None, "parquet: feature columns (null: all others)", when=PARQUET)
@@ -96,7 +100,7 @@ class DataConfig:
 class ModelConfig:
     """The model trained by every client (deterministic init from ``seed``)."""
 
-    kind: str = "mlp"  # logreg | mlp | cnn | quadratic | bilinear
+    kind: str = "mlp"  # logreg | mlp | cnn | quadratic | bilinear | char_lstm | femnist_cnn | resnet18_gn
     hidden: List[int] = key(doc="mlp hidden sizes", factory=lambda: [64], when=when("kind", "mlp"))
     activation: str = key("relu", "mlp: relu | elu | tanh | sigmoid", when=when("kind", "mlp"))
     channels: List[int] = key(doc="cnn conv channels", factory=lambda: [16, 32], when=when("kind", "cnn"))
@@ -206,6 +210,9 @@ class OutputConfig:
     checkpoint_seconds: float = key(60.0, "with checkpoint_every 0: wall seconds between checkpoints (at most 5% "
                                     "of the run's time goes to them); 0: only on Ctrl-C and SIGTERM",
                                     check=non_negative)
+    tensorboard: bool = key(False, "also write the rounds' metrics (scalars) and histograms of staleness and "
+                                   "participation as TensorBoard event files in <dir>/tensorboard/, at every "
+                                   "flush of the Parquet logs (needs: pip install tensorboard)")
 
 
 @dataclass
@@ -474,7 +481,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
     _non_negative("data.alpha", d.alpha)
     _non_negative("data.beta", d.beta)
-    if d.kind in ("digits", "blobs"):
+    if d.kind in SPLIT_KINDS:
         p = d.partition
         _one_of("data.partition.kind", p.kind, PARTITIONERS)
         _positive("data.partition.alpha", p.alpha)
@@ -484,9 +491,9 @@ def validate(cfg: DictConfig, explicit=()) -> None:
         if p.kind == "pathological":
             _check(d.num_clients % 2 == 0, "data.num_clients", d.num_clients,
                    "an even number with data.partition.kind=pathological")
-    if d.kind == "parquet":
-        _check(d.path is not None and os.path.exists(d.path), "data.path", d.path,
-               "an existing Parquet file or directory")
+    if d.kind in DATA_FILES:
+        exists = os.path.isdir if d.kind in PARTITIONED_FILES else os.path.exists
+        _check(d.path is not None and exists(d.path), "data.path", d.path, "an existing " + DATA_FILES[d.kind])
     if d.image_shape is not None and d.kind == "synthetic_images":
         _check(len(d.image_shape) == 3 and all(s > 0 for s in d.image_shape) and d.image_shape[1] % 4 == 0
                and d.image_shape[2] % 4 == 0, "data.image_shape", list(d.image_shape),
@@ -558,7 +565,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
         if e.target_accuracy is not None:
             _check(cfg.eval.every > 0, "eval.every", cfg.eval.every,
                    "> 0 with execution.target_accuracy (accuracy is only known at evaluations)")
-    if e.mode == "sync" and d.kind != "parquet":  # a Parquet file decides its own number of clients
+    if e.mode == "sync" and d.kind not in CLIENTS_FROM_FILES:  # else the files decide: checked once read
         _check(1 <= e.clients_per_round <= d.num_clients, "execution.clients_per_round", e.clients_per_round,
                f"an integer in [1, data.num_clients={d.num_clients}]")
     elif e.mode == "sync":
@@ -585,7 +592,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _check(1 <= r.torch_threads <= MAX_TORCH_THREADS, "runtime.torch_threads", r.torch_threads,
            f"an integer in [1, {MAX_TORCH_THREADS}]")
 
-    validate_system(cfg.system, None if d.kind == "parquet" else d.num_clients)
+    validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
     _check_byzantine(cfg)
 
     v = cfg.eval
@@ -593,12 +600,15 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _non_negative("eval.personalized_steps", v.personalized_steps)
     _non_negative("eval.personalized_epochs", v.personalized_epochs)
     check_values(cfg, EvalConfig, "eval")
-    if d.kind != "parquet":  # a Parquet file decides its number of clients: checked once it is read
+    if d.kind not in CLIENTS_FROM_FILES:  # else the files decide the number of clients: checked once read
         check_eval_clients(v.clients, d.num_clients)
 
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     _non_negative("output.flush_seconds", cfg.output.flush_seconds)
     check_values(cfg, OutputConfig, "output")
+    from raysim.metrics.tensorboard import check_tensorboard
+
+    check_tensorboard(cfg.output)
 
     for path in explicit:
         section, _, rest = path.partition(".")
@@ -608,7 +618,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
             value = OmegaConf.select(cfg, path)
             raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
                                 f"no setting ({why})")
-    if field_of(keys, "aggregator") is not None and cfg.data.kind != "parquet":  # a file's: simulation.prepare
+    if field_of(keys, "aggregator") is not None and cfg.data.kind not in CLIENTS_FROM_FILES:  # else: prepare
         check_aggregator(cfg, cfg.data.num_clients)
     keys.check(cfg)
 
@@ -616,7 +626,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
 def _check_byzantine(cfg: DictConfig) -> None:
     """Byzantine clients exist if asked for, and their attack fits the data and the execution mode."""
     b, e, d = cfg.system.byzantine, cfg.execution, cfg.data
-    if b.fraction > 0 and d.kind != "parquet":
+    if b.fraction > 0 and d.kind not in CLIENTS_FROM_FILES:
         _check(byzantine_count(b, d.num_clients) > 0, "system.byzantine.fraction", b.fraction,
                f"0, or a share that marks at least one of the data.num_clients={d.num_clients} clients "
                f"(round(fraction × clients) Byzantine clients)")

@@ -23,12 +23,23 @@ import math
 import os
 from dataclasses import dataclass
 
+from raysim.data.files import DATA_FILES
 from raysim.errors import ScenarioError
 
 ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
 SIZE_BYTES = 8  # an on-demand data set's table: train and test sizes (int32) per client
 BUILD_FACTOR = {"digits": 1.0, "blobs": 4.0,  # blobs: float64 draws; generated kinds fill the table client by client
-                "parquet": 7.0, "quadratic": 2.0}  # parquet: the file read whole, its features, their sorted copy
+                "parquet": 7.0, "quadratic": 2.0,  # parquet: the file read whole, its features, their sorted copy
+                # the files' uint8 pixels, pooled, in client order (1/4 of the table each), then float32 rows that
+                # the table keeps: measured peak 1.7-1.9x the table (60,000 MNIST, 30,000 CIFAR-10 images)
+                "mnist": 2.0, "fashion_mnist": 2.0, "cifar10": 2.0, "cifar100": 2.0}
+# leaf: a process's memory growth while json.load parses LEAF JSON, per byte of the file. Measured with
+# psutil's RSS before and after json.load of a generated FEMNIST-like file (6.8 MB: 20 users x 60 rows of
+# 784 pixels, 85% of them 1.0, the rest k/255): 5.6 (a float object and a list slot per pixel). The data
+# set is sized as its files' bytes times this: a whole load_leaf peaked at 7.3x for that file (parse, then
+# float32 rows: 0.55x the JSON); Shakespeare-like JSON parses at 1.9x but its float32 character rows are
+# 3.7x the JSON, so its load peaks at 18x and this estimate is about 3x low for it.
+JSON_PARSE_FACTOR = 5.6
 SERVER_VECTORS = 6  # float64: parameters, aggregate, direction, step, two optimizer moments
 CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update, kept state, extras, copies
 ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
@@ -75,16 +86,21 @@ def human(n: float) -> str:
 def estimate(cfg) -> Footprint:
     """The memory estimate of a validated scenario ``cfg`` (see the module doc). A custom data or
     model kind (package.module:function) adds nothing for what it builds; a Parquet data set is
-    sized from its metadata and its label and client columns (bad labels raise ScenarioError)."""
+    sized from its metadata and its label and client columns (bad labels raise ScenarioError), MNIST
+    from its IDX headers, CIFAR from its file sizes and LEAF from its JSON files' bytes (missing or
+    bad files raise ScenarioError, as the loaders do)."""
     from raysim.data import builds_on_demand
 
     d, m = cfg.data, cfg.model
     rows, features, classes, clients, data_keys = _data_shape(d)
+    actors = _actors(cfg.runtime)
+    in_flight, flight_keys = _in_flight(cfg, actors)
+    if not clients:  # unknown until the files are read (leaf): the clients the run may visit, or a round's
+        clients = _visits(cfg) if _visits(cfg) < math.inf else in_flight
     params, widths = parameter_count(m, features, classes)
     model_keys = _model_keys(cfg)
     itemsize = 8 if m.kind == "quadratic" else 4
     ray = cfg.runtime.backend == "ray"
-    actors = _actors(cfg.runtime)
 
     if builds_on_demand(d):  # the sizes table, each process's cache, and the evaluated clients' test rows
         table = table_bytes(d)
@@ -92,6 +108,8 @@ def estimate(cfg) -> Footprint:
         test_share = 10 * clients / rows if d.kind == "gaussian_mixture" else d.test_fraction
         data = (clients * SIZE_BYTES * (1 + ray) + min(table, d.cache_mb * 2 ** 20) * (actors + 1)
                 + table * evaluated * test_share)
+    elif d.kind == "leaf":  # the parsed JSON dominates; its bytes stand in for the object store's copy too
+        data = _leaf_bytes(d.path) * (JSON_PARSE_FACTOR + ray)
     else:
         data = rows * (ROW_BYTES + 4 * math.prod(features)) if d.kind != "quadratic" else _quadratic_bytes(d)
         data *= BUILD_FACTOR.get(d.kind, 1.0) + ray  # ray: the object store's copy
@@ -103,7 +121,6 @@ def estimate(cfg) -> Footprint:
     per_client = (CLIENT_VECTORS * params * itemsize
                   + ACTIVATION_PASSES * 4 * batch * (math.prod(features) + sum(widths))
                   + (_quadratic_bytes(d) / d.num_clients if d.kind == "quadratic" else 0))
-    in_flight, flight_keys = _in_flight(cfg, actors)
     parts = [Part("data set", data, data_keys), Part("model", model, model_keys)]
     if not cfg.runtime.address:
         batch_keys = (("algorithm.batch_size", batch),) if batch else ()
@@ -155,26 +172,50 @@ def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list
         return sum(features), []
     if kind == "bilinear":
         return flat + flat * flat, []  # w1 [d], W2 [d, d]
-    convolutions, widths, linear = 0, [], [flat, classes]
+    body, widths, linear = 0, [], [flat, classes]  # body: the parameters before the Linear layers
     if kind == "mlp":
         widths = list(model_cfg.hidden)
         linear = [flat, *widths, classes]
     elif kind == "cnn" and len(features) == 3:
         channels, height, width = features
         for out in model_cfg.channels:
-            convolutions += channels * out * 9 + out  # 3x3 kernels and a bias
+            body += channels * out * 9 + out  # 3x3 kernels and a bias
             widths.append(out * height * width)
             if min(height, width) >= 2:
                 height, width = height // 2, width // 2  # max-pooling
             channels = out
         linear = [channels * height * width, classes]
+    elif kind == "char_lstm":  # embedding V x 8; per LSTM layer (in 8, then 256) 4·256·(in + 256) weights, 2 biases
+        body = classes * 8 + sum(4 * 256 * (n_in + 256) + 2 * 4 * 256 for n_in in (8, 256))
+        widths, linear = [80 * 8, 80 * 2 * 6 * 256], [256, classes]  # 80 steps x 2 layers: 4 gates, c and h
+    elif kind == "femnist_cnn":  # 5x5 convolutions 1 -> 32 -> 64 (with biases), each 2x2 max-pooled, dense 2048
+        body = (25 * 1 * 32 + 32) + (25 * 32 * 64 + 64)
+        widths, linear = [32 * 28 * 28, 64 * 14 * 14, 2048], [64 * 7 * 7, 2048, classes]
+    elif kind == "resnet18_gn" and len(features) == 3:
+        body, widths = _resnet18_gn_body(*features)
+        linear = [512, classes]
     elif kind != "logreg":
         return 0, []
     layers = list(zip(linear, linear[1:]))
-    count = convolutions + sum(i * o + o for i, o in layers)
+    count = body + sum(i * o + o for i, o in layers)
     if model_cfg.personal == "adapter":
         count += sum(model_cfg.adapter_rank * (i + o) for i, o in layers[:-1])
     return count, widths
+
+
+def _resnet18_gn_body(channels: int, height: int, width: int) -> tuple[int, list]:
+    """(parameters, convolution output sizes) of ResNet18GN before its Linear layer: a bias-free 3x3 stem
+    to 64 channels with GroupNorm (γ, β), then per stage (64, 128, 256, 512 channels; stride 2 from the
+    second) two blocks of two bias-free 3x3 convolutions with GroupNorm, the first block with a 1x1
+    convolution and GroupNorm as shortcut where the width changes."""
+    count, sizes, n_in = 9 * channels * 64 + 2 * 64, [64 * height * width], 64
+    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        height, width = -(-height // stride), -(-width // stride)
+        shortcut = n_in * planes + 2 * planes if n_in != planes else 0
+        count += 9 * planes * (n_in + 3 * planes) + 8 * planes + shortcut  # 4 convolutions, 4 GroupNorms
+        sizes += [planes * height * width] * (4 + bool(shortcut))
+        n_in = planes
+    return count, sizes
 
 
 def table_bytes(d) -> float:
@@ -219,7 +260,29 @@ def _data_shape(d) -> tuple:
         rows, width, classes, num_clients = parquet_shape(d.path, d.label_column, d.client_column, feature_columns)
         shape = (width,) if d.image_shape is None else tuple(d.image_shape)
         return rows, shape, classes, num_clients, (("data.path", d.path),)
+    if d.kind in ("mnist", "fashion_mnist"):
+        from raysim.data.idx import MNIST_CLASSES, mnist_shape
+
+        rows, shape = mnist_shape(d.path)
+        return rows, shape, MNIST_CLASSES, d.num_clients, (("data.path", d.path),)
+    if d.kind in ("cifar10", "cifar100"):
+        from raysim.data.cifar import CIFAR_FORMATS, CIFAR_SHAPE, cifar_rows
+
+        fmt = CIFAR_FORMATS[d.kind]
+        return cifar_rows(d.path, fmt), CIFAR_SHAPE, fmt.num_classes, d.num_clients, (("data.path", d.path),)
+    if d.kind == "leaf":  # rows, their shape, classes and users are known only once the JSON is parsed (the
+        # task is told from the rows): peeking at a row means parsing a whole file, a good part of the load
+        # itself. Sized from its files instead (estimate); 0 clients: unknown
+        return 0, (0,), 0, 0, (("data.path", d.path),)
     return 0, (0,), 0, d.num_clients, clients  # a custom kind
+
+
+def _leaf_bytes(path: str) -> int:
+    """Bytes of the LEAF JSON files :func:`raysim.data.leaf.load_leaf` reads at ``path``."""
+    from raysim.data.leaf import leaf_files
+
+    train, test = leaf_files(path)
+    return sum(os.path.getsize(f) for f in train + (test or []))
 
 
 def _quadratic_bytes(d) -> float:
@@ -236,7 +299,7 @@ def _model_keys(cfg) -> tuple:
         keys += (("data.num_features", d.num_features), ("data.num_classes", d.num_classes))
     elif d.kind == "quadratic":
         keys += (("data.d_theta", d.d_theta), ("data.d_w", d.d_w))
-    elif d.kind == "parquet":
+    elif d.kind in DATA_FILES:  # the files decide the shape and the classes
         keys += (("data.path", d.path),)
     elif d.kind == "saddle":
         keys += (("data.dim", d.dim),)

@@ -181,3 +181,13 @@ def describe(schema: type, values: dict | None = None) -> list[tuple[str, Any, s
             default = f.default
         rows.append((f.name, default, f.metadata.get("doc", "")))
     return rows
+
+
+def dotted_items(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The (dotted key, value) leaves of a nested plain dict, such as a saved scenario (lists and
+    empty mappings are values)."""
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from dotted_items(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -147,8 +147,8 @@ def test_noise_and_unreliable_steps_reach_every_algorithm(tmp_path, name):
     (["algorithm.name=fedyogi", "algorithm.server_betas=[0.9,1.5]"],
      "algorithm.server_betas = [0.9, 1.5]: expected two numbers in [0, 1)"),
     (["data.partition.kind=dirichlet"],
-     "data.partition.kind = 'dirichlet': expected no setting (it applies only with data.kind in {digits, blobs} "
-     "(here data.kind = 'gaussian_mixture'))"),
+     "data.partition.kind = 'dirichlet': expected no setting (it applies only with data.kind in {digits, blobs, "
+     "mnist, fashion_mnist, cifar10, cifar100} (here data.kind = 'gaussian_mixture'))"),
     (["execution.mode=async", "execution.max_updates=10", "execution.deadline=5"],
      "execution.deadline = 5.0: expected no setting (it applies only with execution.mode = sync "
      "(here execution.mode = 'async'))"),

@@ -327,3 +327,106 @@ def test_the_estimate_knows_which_built_in_algorithms_keep_client_state():
     for name in ALGORITHMS:
         if name not in PERSONAL_KEEPERS:  # FFGG keeps w only with model.personal_state: stateful
             assert KEPT_VECTORS.get(name, 0) == int(algorithm_class(name).stateful is True), name
+
+
+# --- the memory estimate of the data sets read from files, and of the benchmark models ----------------
+
+def _file_data_set(kind: str, path: Path) -> tuple[int, tuple]:
+    """Fake files of ``kind`` at ``path`` (as tests/test_loaders.py writes them): (rows, shape of one)."""
+    from test_loaders import cifar_records, write_cifar10, write_mnist
+
+    if kind == "mnist":
+        write_mnist(path, train=20, test=5)
+        return 25, (1, 28, 28)
+    if kind == "cifar10":
+        write_cifar10(path / "cifar-10-batches-bin", per_file=3)
+        return 18, (3, 32, 32)
+    path.mkdir()
+    (path / "train.bin").write_bytes(cifar_records(7, 2))
+    (path / "test.bin").write_bytes(cifar_records(2, 2))
+    return 9, (3, 32, 32)
+
+
+@pytest.mark.parametrize("kind", ["mnist", "cifar10", "cifar100"])
+def test_image_files_are_sized_from_their_headers_and_sizes(tmp_path, kind):
+    from raysim.footprint import BUILD_FACTOR, ROW_BYTES
+
+    rows, shape = _file_data_set(kind, tmp_path / "d")
+    cfg = scenario(f"data.kind={kind}", f"data.path={tmp_path / 'd'}", "data.num_clients=3",
+                   "execution.clients_per_round=3", "model.kind=cnn")
+    assert part(estimate(cfg), "data set") == rows * (ROW_BYTES + 4 * math.prod(shape)) * BUILD_FACTOR[kind]
+    dataset = build_dataset(cfg.data, cfg.seed)
+    assert (dataset.table.num_rows, dataset.feature_shape) == (rows, shape)
+    assert estimate(cfg).parts[1].keys[-1] == ("data.path", str(tmp_path / "d"))  # the files decide the model's shape
+
+
+def test_gzipped_idx_files_are_sized_from_their_first_bytes(tmp_path):
+    """Only the header is decompressed: a gzip stream cut short after it is sized all the same."""
+    from test_loaders import write_mnist
+
+    write_mnist(tmp_path, train=20, test=5)
+    images = tmp_path / "train-images-idx3-ubyte.gz"
+    images.write_bytes(images.read_bytes()[:-200])
+    cfg = scenario("data.kind=fashion_mnist", f"data.path={tmp_path}", "data.num_clients=3",
+                   "execution.clients_per_round=3")
+    from raysim.data.idx import mnist_shape
+
+    assert mnist_shape(str(tmp_path)) == (25, (1, 28, 28))
+    assert part(estimate(cfg), "data set") > 0
+    with pytest.raises(ScenarioError, match=r"expected a complete gzip file"):
+        build_dataset(cfg.data, cfg.seed)
+
+
+def test_missing_image_files_are_one_line_from_the_estimate(tmp_path):
+    from test_loaders import write_mnist
+
+    write_mnist(tmp_path / "m")
+    (tmp_path / "m" / "t10k-images-idx3-ubyte").unlink()
+    (tmp_path / "s.yaml").write_text("name: m\nruntime:\n  backend: local\n")
+    proc = cli("validate", str(tmp_path / "s.yaml"), "data.kind=mnist", f"data.path={tmp_path / 'm'}",
+               "data.num_clients=3", "execution.clients_per_round=3", f"output.dir={tmp_path / 'out'}")
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr).endswith("(t10k-images-idx3-ubyte or t10k-images-idx3-ubyte.gz is missing)")
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_leaf_is_sized_from_its_json_files(tmp_path, backend):
+    from raysim.footprint import JSON_PARSE_FACTOR
+    from test_loaders import femnist_rows, leaf_json, write_json
+
+    sizes = [write_json(tmp_path / "leaf" / split / "a.json",
+                        leaf_json({"w": femnist_rows(0.5, rows, 1)})).stat().st_size
+             for split, rows in (("train", 4), ("test", 2))]
+    cfg = scenario("data.kind=leaf", f"data.path={tmp_path / 'leaf'}", "execution.clients_per_round=1",
+                   f"runtime.backend={backend}", "model.kind=femnist_cnn")
+    ray = backend == "ray"
+    assert part(estimate(cfg), "data set") == sum(sizes) * (JSON_PARSE_FACTOR + ray)
+    assert part(estimate(cfg), "model") > 6_000_000 * 4  # femnist_cnn, whatever the classes
+
+
+def test_a_cifar_resnet_run_is_estimated_at_its_model_and_data(tmp_path):
+    """CIFAR-10's 60,000 records (file sizes only) and resnet18_gn's 11.2 M parameters."""
+    from raysim.data.cifar import CIFAR10
+
+    for name in CIFAR10.files:  # 5 training batches and a test batch of 10,000 records each
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(10_000 * CIFAR10.record_bytes)
+    cfg = scenario("data.kind=cifar10", f"data.path={tmp_path}", "model.kind=resnet18_gn",
+                   "execution.clients_per_round=10")
+    footprint = estimate(cfg)
+    assert part(footprint, "data set") > 60_000 * 3072 * 4
+    assert part(footprint, "model") > 11_173_962 * 4 * 2
+
+
+@pytest.mark.parametrize("kind, shape, classes, personal", [
+    ("char_lstm", (80,), 80, "none"), ("char_lstm", (80,), 12, "none"),
+    ("femnist_cnn", (1, 28, 28), 62, "none"), ("femnist_cnn", (1, 28, 28), 10, "adapter"),  # LoRA on the dense layer
+    ("resnet18_gn", (3, 32, 32), 100, "none"), ("resnet18_gn", (1, 28, 28), 7, "none"),
+    ("resnet18_gn", (5, 9, 13), 3, "none"),
+])
+def test_parameter_count_of_the_benchmark_models(kind, shape, classes, personal):
+    from raysim.config import ModelConfig
+    from raysim.models import build_model
+
+    model_cfg = ModelConfig(kind=kind, personal=personal)
+    assert parameter_count(model_cfg, shape, classes)[0] == build_model(model_cfg, shape, classes, 0).size

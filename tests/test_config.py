@@ -34,7 +34,7 @@ def test_overrides_and_interpolation():
     (["execution.clients_per_round=500"], "execution.clients_per_round", ["500", "[1, data.num_clients=100]"]),
     (["algorithm.lr=0"], "algorithm.lr", ["0", "> 0"]),
     (["algorithm.lr=-0.1"], "algorithm.lr", ["-0.1", "> 0"]),
-    (["data.kind=mnist"], "data.kind", ["mnist", "digits, gaussian_mixture, leaf_synthetic, parquet"]),
+    (["data.kind=imagenet"], "data.kind", ["imagenet", "digits, fashion_mnist, gaussian_mixture, leaf, leaf_synthetic"]),
     (["model.kind=resnet"], "model.kind", ["resnet", "cnn, logreg, mlp"]),
     (["algorithm.name=fedfoo"], "algorithm.name", ["fedfoo", "fedavg"]),
     (["runtime.backend=spark"], "runtime.backend", ["spark", "local, ray"]),
@@ -99,8 +99,9 @@ def test_cli_bad_input_has_no_traceback_in_a_real_process():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of blobs, digits, gaussian_mixture, "
-                                   "leaf_synthetic, parquet, quadratic, saddle, synthetic_images")
+    assert proc.stderr.strip() == ("error: data.kind = 'cifar': expected one of blobs, cifar10, cifar100, digits, "
+                                   "fashion_mnist, gaussian_mixture, leaf, leaf_synthetic, mnist, parquet, quadratic, "
+                                   "saddle, synthetic_images")
 
 
 def test_list_shows_names_and_keys_as_yaml(capsys):
@@ -110,9 +111,8 @@ def test_list_shows_names_and_keys_as_yaml(capsys):
 
     assert main(["list"]) == 0
     listing = yaml.safe_load(capsys.readouterr().out)
-    assert {"blobs", "digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic", "saddle",
-            "synthetic_images"} == \
-        set(listing["datasets (data.kind)"])
+    assert {"blobs", "cifar10", "cifar100", "digits", "fashion_mnist", "gaussian_mixture", "leaf", "leaf_synthetic",
+            "mnist", "parquet", "quadratic", "saddle", "synthetic_images"} == set(listing["datasets (data.kind)"])
     assert {"dirichlet", "pathological"} <= set(listing["partitioners (data.partition.kind)"])
     assert {"logreg", "mlp", "cnn"} <= set(listing["models (model.kind)"])
     algorithms = listing["algorithms (algorithm.name; algorithm.<key>)"]

@@ -212,12 +212,13 @@ def test_digits_and_build_dataset():
                               "partition": vars(part_cfg())})
     assert build_dataset(omega, seed=2).table.equals(gaussian_mixture(3, 2).table)
     assert build_dataset(data_cfg("leaf_synthetic", num_clients=2), seed=0).num_clients == 2
-    assert set(DATASETS) == {"blobs", "digits", "gaussian_mixture", "leaf_synthetic", "parquet", "quadratic",
-                             "saddle", "synthetic_images"}
+    assert set(DATASETS) == {"blobs", "cifar10", "cifar100", "digits", "fashion_mnist", "gaussian_mixture", "leaf",
+                             "leaf_synthetic", "mnist", "parquet", "quadratic", "saddle", "synthetic_images"}
     with pytest.raises(ScenarioError) as excinfo:
-        build_dataset(data_cfg("mnist"), seed=0)
-    assert str(excinfo.value) == ("data.kind = 'mnist': expected one of blobs, digits, gaussian_mixture, "
-                                  "leaf_synthetic, parquet, quadratic, saddle, synthetic_images")
+        build_dataset(data_cfg("imagenet"), seed=0)
+    assert str(excinfo.value) == ("data.kind = 'imagenet': expected one of blobs, cifar10, cifar100, digits, "
+                                  "fashion_mnist, gaussian_mixture, leaf, leaf_synthetic, mnist, parquet, quadratic, "
+                                  "saddle, synthetic_images")
     with pytest.raises(ScenarioError, match=r"^data\.num_clients = 0"):
         build_dataset(data_cfg("gaussian_mixture", num_clients=0), seed=0)
 

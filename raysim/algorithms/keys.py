@@ -367,7 +367,9 @@ class L2GDKeys(QuadraticUnitKeys, StepKeys):
             require_local_steps(cfg, "p defaults to 1/local_steps")
         if e.mode != "sync":
             raise ScenarioError("execution.mode", e.mode, "sync for algorithm.name=l2gd")
-        if d.kind != "parquet" and e.clients_per_round != d.num_clients:
+        from raysim.data.files import CLIENTS_FROM_FILES
+
+        if d.kind not in CLIENTS_FROM_FILES and e.clients_per_round != d.num_clients:
             raise ScenarioError("execution.clients_per_round", e.clients_per_round,
                                 f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
 

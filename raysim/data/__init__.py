@@ -7,26 +7,41 @@ loaded on first use), so a scenario's data can be built and checked while torch 
 
 from __future__ import annotations
 
+from raysim.data.cifar import CIFAR_FORMATS, load_cifar
 from raysim.data.federated import ClientRows, FederatedDataset
+from raysim.data.files import DATA_FILES
 from raysim.data.generated import LAWS, ON_DEMAND_ABOVE, GeneratedDataset
 from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
+from raysim.data.idx import load_mnist
+from raysim.data.leaf import load_leaf
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
 from raysim.data.saddle import saddle
 from raysim.errors import ScenarioError
 
-__all__ = ["DATASETS", "PARTITIONERS", "ClientRows", "FederatedDataset", "GeneratedDataset", "QuadraticProblem",
-           "blobs", "build_dataset", "builds_on_demand", "digits", "gaussian_mixture", "generate_quadratic",
-           "leaf_synthetic", "load_parquet", "open_dataset", "partition", "saddle"]
+__all__ = ["DATASETS", "DATA_FILES", "PARTITIONERS", "ClientRows", "FederatedDataset", "GeneratedDataset",
+           "QuadraticProblem", "blobs", "build_dataset", "builds_on_demand", "digits", "gaussian_mixture",
+           "generate_quadratic", "leaf_synthetic", "load_cifar", "load_leaf", "load_mnist", "load_parquet",
+           "open_dataset", "partition", "saddle"]
 
 DATASETS: dict[str, str] = {
     "blobs": "synthetic Gaussian clusters (two per class, centres of norm 3, unit noise) split over clients "
              "(keys: num_clients, num_samples, num_features, num_classes, test_fraction, partition.*)",
+    "cifar10": "CIFAR-10 binary batches in data.path, pooled and split over clients like digits "
+               "(keys: path, num_clients, test_fraction, partition.*)",
+    "cifar100": "CIFAR-100 binary train.bin and test.bin in data.path (fine labels), pooled and split over clients "
+                "like digits (keys: path, num_clients, test_fraction, partition.*)",
     "digits": "scikit-learn 8x8 digits split over clients (keys: num_clients, test_fraction, partition.*, "
               "feature_shift, concept_shift)",
+    "fashion_mnist": "Fashion-MNIST IDX files in data.path, pooled and split over clients like digits "
+                     "(keys: path, num_clients, test_fraction, partition.*)",
     "gaussian_mixture": "10-class Gaussian mixture with per-client shift and label skew, "
                         "10 test rows per client (keys: num_clients)",
+    "leaf": "LEAF JSON (FEMNIST, Shakespeare, Synthetic) in data.path, one client per user; LEAF's train/ and "
+            "test/ split, or test_fraction of each user's rows (keys: path, test_fraction)",
     "leaf_synthetic": "LEAF/FedProx Synthetic(alpha, beta) (keys: num_clients, alpha, beta, test_fraction)",
+    "mnist": "MNIST IDX files in data.path, pooled and split over clients like digits "
+             "(keys: path, num_clients, test_fraction, partition.*)",
     "parquet": "rows of a Parquet file or directory; the file decides the clients "
                "(keys: path, label_column, client_column, feature_columns, image_shape, test_fraction)",
     "quadratic": "the FFGG paper's partially personalised quadratic, f_m = ½‖H_mθ − b_m‖² + ½‖A_mθ + B_mw − y_m‖² "
@@ -68,8 +83,8 @@ def build_dataset(data_cfg, seed: int):
     ``kind`` may also be ``package.module:function``: it is called with ``num_clients``,
     ``test_fraction``, ``seed`` and the keyword arguments ``data.options``.
 
-    ``num_clients`` is the number of clients to generate or split into, except for ``parquet``,
-    where it is ignored: the file's client column decides. ``gaussian_mixture`` ignores
+    ``num_clients`` is the number of clients to generate or split into, except for ``parquet``
+    and ``leaf``, where it is ignored: the file's client column, or LEAF's users, decide. ``gaussian_mixture`` ignores
     ``test_fraction`` (it always holds out 10 rows per client).
     """
     kind = data_cfg.kind
@@ -96,6 +111,13 @@ def build_dataset(data_cfg, seed: int):
                             None if feature_columns is None else list(feature_columns),
                             None if image_shape is None else list(image_shape),
                             data_cfg.test_fraction, seed)
+    if kind == "leaf":
+        return load_leaf(data_cfg.path, data_cfg.test_fraction, seed)
+    if kind in ("mnist", "fashion_mnist"):
+        return load_mnist(data_cfg.path, data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed)
+    if kind in CIFAR_FORMATS:
+        return load_cifar(data_cfg.path, CIFAR_FORMATS[kind], data_cfg.num_clients,
+                          data_cfg.partition, data_cfg.test_fraction, seed)
     raise ScenarioError("data.kind", kind, "one of " + ", ".join(sorted(DATASETS)))
 
 

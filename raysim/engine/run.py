@@ -25,6 +25,7 @@ from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
 from raysim.metrics import ParquetLog
+from raysim.metrics.output import DIAGNOSTICS
 
 ROUNDS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
@@ -44,7 +45,6 @@ EVENTS_SCHEMA = pa.schema([
     ("status", pa.string()), ("node", pa.string()),
 ])
 LOGS = {"rounds.parquet": ROUNDS_SCHEMA, "events.parquet": EVENTS_SCHEMA}
-DIAGNOSTICS = ("rel_error", "grad_norm_sq", "loss_gap", "objective", "hessian_min_eig")  # summary: their last values
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
 
@@ -93,6 +93,7 @@ class Run:
         self.began = began - (checkpoint.wall_seconds if checkpoint is not None else 0.0)
         self.scheduler = None
         self.logs: dict = {}
+        self.tensorboard = None  # output.tensorboard: the TensorBoardLog beside the logs
         self.tally = Tally()
         state = None if checkpoint is None else checkpoint.state
         self.report = {"version": 0, "applied": 0, "last_eval": {}, "done": False} if state is None else \
@@ -134,6 +135,12 @@ class Run:
             log.discard()
         self.logs = {name: ParquetLog(self.out, name, schema, None if checkpoint is None else checkpoint.log_rows[name])
                      for name, schema in LOGS.items()}
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.cfg.output.tensorboard:
+            from raysim.metrics.tensorboard import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(self.out, {name: log.written for name, log in self.logs.items()})
         self.tally = Tally() if checkpoint is None else Tally(**checkpoint.tally)
         self.scheduler = self.runtime.scheduler(self.scenario, self.prepared.dataset)
         if checkpoint is not None:
@@ -194,6 +201,8 @@ class Run:
                 except OutputError:
                     pass
             raise
+        if self.tensorboard is not None:
+            self.tensorboard.write_flushed(self.logs, before)
         self.flushed_at = time.monotonic()
         self.flush_cost = self.flushed_at - began
 
@@ -244,8 +253,11 @@ class Run:
                 print(f"error: {write_error}", file=sys.stderr)
 
     def _close_logs(self) -> None:
+        self._flush()  # the last rows too reach the logs (and TensorBoard) through _flush
         for log in self.logs.values():
             log.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def _complete(self, final: dict) -> dict:
         self._close_logs()

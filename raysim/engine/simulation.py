@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from raysim.algorithms.keys import check_aggregator
-from raysim.catalog import algorithm_keys
+from raysim.catalog import algorithm_keys, check_model_data
 from raysim.config import check_eval_clients, to_yaml
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
+from raysim.data.files import CLIENTS_FROM_FILES
 from raysim.errors import ScenarioError
 from raysim.footprint import check_curvature, check_fits
 from raysim.metrics import OutputDir
@@ -47,15 +48,17 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     ``meanwhile`` (``runtime.start``: Ray's start-up) runs in this thread once everything but
     the model has been checked, while a helper thread imports torch and builds the model:
     both take seconds, and Ray's start-up is mostly its daemons starting in their own
-    processes. If the model is rejected, the error is raised after ``meanwhile`` returns.
+    processes. A built-in model that cannot take the data's shape is refused before it
+    (:func:`raysim.catalog.check_model_data`); any other rejected model, after it returns.
     """
     check_fits(cfg)
     dataset = build_dataset(cfg.data, cfg.seed)
+    check_model_data(cfg.model.kind, dataset.feature_shape, dataset.num_classes)
     if isinstance(dataset, (FederatedDataset, GeneratedDataset)):
         check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
         if check_data is not None:
             check_data(cfg, dataset.train_sizes())
-    if cfg.data.kind == "parquet":  # the file decides the number of clients
+    if cfg.data.kind in CLIENTS_FROM_FILES:  # the files decide the number of clients
         check_eval_clients(cfg.eval.clients, dataset.num_clients)
         if "aggregator" in cfg.algorithm:
             check_aggregator(cfg, dataset.num_clients)

@@ -28,13 +28,32 @@ from raysim.metrics.parquet_log import log_files
 
 RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", "checkpoint.pt", "rounds.parquet", "events.parquet")
 """The files a run writes into its directory."""
-PLOTS: dict[str, str] = {  # what `raysim report` writes into a run's directory by default
-    "accuracy_vs_virtual_time.png": "test accuracy against virtual time, runs overlaid",
-    "accuracy_vs_wall_time.png": "test accuracy against wall-clock time, runs overlaid",
-    "staleness_histogram.png": "staleness of applied updates (model versions behind), per run",
-    "participation_per_client.png": "histogram of applied updates per client (zeros included), per run",
-    "timeline.png": "client tasks on the virtual clock, one lane per concurrent task, by status",
+PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some run has its columns), in order
+    "accuracy_vs_round.png": "test accuracy against server steps, runs overlaid (with --target: its line, "
+                             "and each run's step reaching it in the legend)",
+    "accuracy_vs_virtual_time.png": "test accuracy against virtual time, runs overlaid (--target as above)",
+    "accuracy_vs_wall_time.png": "test accuracy against wall-clock time, runs overlaid (--target as above)",
+    "loss_vs_round.png": "training loss (solid) and test loss (dashed) against server steps, runs overlaid",
+    "loss_vs_virtual_time.png": "training and test loss against virtual time, runs overlaid",
+    "loss_vs_wall_time.png": "training and test loss against wall-clock time, runs overlaid",
+    "personalized_accuracy_vs_round.png": "personalized accuracy (pooled; mean over clients, dashed, with its "
+                                          "95% band) and the global test accuracy (dotted) against server steps",
+    "diagnostics_vs_round.png": "one panel per diagnostics column logged (rel_error, grad_norm_sq, loss_gap: "
+                                "log y; objective, hessian_min_eig) against server steps, runs overlaid",
+    "staleness_histogram.png": "staleness of applied updates (model versions behind), one panel per run",
+    "participation_per_client.png": "histogram of applied updates per client (zeros included), one panel per run",
+    "byzantine_share_vs_round.png": "share of each server step's applied updates sent by Byzantine clients",
+    "timeline.png": "client tasks on the virtual clock, one lane per concurrent task, by status, one panel "
+                    "per run on a shared time range",
 }
+"""The PNGs of `raysim report`; an axis whose positive values span more than 100× is logarithmic."""
+DIAGNOSTICS = {"rel_error": "‖θ − θ*‖² / ‖θ⁰ − θ*‖²", "grad_norm_sq": "‖F(θ)‖² or ‖∇J‖²",
+               "loss_gap": "mean f_m − min f_m", "objective": "J(w)", "hessian_min_eig": "λ_min(∇²J)"}
+"""The diagnostics columns of rounds.parquet and what each measures (the summary keeps their last values)."""
+REPORT_HTML = "report.html"
+"""`raysim report`'s self-contained page: every plot (embedded), a summary table, the scenarios' differences."""
+TENSORBOARD_DIR = "tensorboard"
+"""The TensorBoard event files of a run with ``output.tensorboard: true``."""
 LOCK = ".raysim.lock"
 _LOCK_FIELDS = ("pid", "host", "process_started", "run_started")
 
@@ -134,8 +153,9 @@ class OutputDir:
 
     def clear_run_files(self) -> None:
         """Remove what an earlier run left: :data:`RUN_FILES` (a log's file or parts directory),
-        the report's PNGs and temporary files of those names; any other file stays."""
-        names = RUN_FILES + tuple(PLOTS)
+        the report's files, the TensorBoard directory and temporary files of those names; any other
+        file stays."""
+        names = RUN_FILES + tuple(PLOTS) + (REPORT_HTML, TENSORBOARD_DIR)
         for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
             base = info.base_name
             if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):

@@ -1,5 +1,6 @@
-"""Model zoo: ``logreg``, ``mlp``, a small ``cnn``, the ``quadratic`` model (θ, w) and the saddle
-problem's ``bilinear`` model, or a user's ``package.module:factory``, built deterministically
+"""Model zoo: ``logreg``, ``mlp``, a small ``cnn``, the ``quadratic`` model (θ, w), the saddle
+problem's ``bilinear`` model, the benchmarks' ``char_lstm``, ``femnist_cnn`` and ``resnet18_gn``
+(:mod:`raysim.models.zoo`), or a user's ``package.module:factory``, built deterministically
 from the seed, with the split of parameters into global θ and personal w (``model.personal``,
 see :mod:`raysim.models.split`)."""
 
@@ -10,11 +11,12 @@ import math
 import torch
 from torch import nn
 
-from raysim.catalog import MODELS
+from raysim.catalog import MODELS, check_model_data
 from raysim.errors import ScenarioError
 from raysim.models.bilinear import Bilinear
 from raysim.models.flat import FlatModel
 from raysim.models.split import add_adapters, personal_mask
+from raysim.models.zoo import ZOO
 
 
 ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}  # raysim.catalog names them
@@ -47,12 +49,11 @@ def build_model(model_cfg, feature_shape: tuple, num_classes: int, seed: int) ->
 def _module(cfg, feature_shape: tuple, num_classes: int, seed: int) -> nn.Module:
     if ":" in cfg.kind:
         return _custom(cfg, feature_shape, num_classes)
+    check_model_data(cfg.kind, feature_shape, num_classes)
     if cfg.kind == "quadratic":
-        if num_classes != 0:
-            raise ScenarioError("model.kind", "quadratic", "data.kind=quadratic (the model of that problem)")
         return QuadraticModel(*feature_shape)
-    if num_classes == 0:
-        raise ScenarioError("model.kind", cfg.kind, "quadratic with data.kind=quadratic")
+    if cfg.kind in ZOO:
+        return ZOO[cfg.kind](feature_shape, num_classes)
     num_features = math.prod(feature_shape)
     if cfg.kind == "bilinear":
         return Bilinear(num_features, cfg.init_scale, seed)
@@ -65,9 +66,6 @@ def _module(cfg, feature_shape: tuple, num_classes: int, seed: int) -> nn.Module
             width = hidden
         return nn.Sequential(*layers, nn.Linear(width, num_classes))
     if cfg.kind == "cnn":
-        if len(feature_shape) != 3:
-            raise ScenarioError("model.kind", "cnn", "image data: data.kind=digits or synthetic_images, or parquet "
-                                f"with data.image_shape set (features here have shape {list(feature_shape)})")
         channels, height, width = feature_shape
         layers = []
         for out in cfg.channels:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
 from raysim.errors import ScenarioError
+from raysim.schema import dotted_items
 
 MEASURED = "sweep_point.json"
 METRICS = ("wall_seconds", "startup_seconds", "steady_updates_per_second", "median_round_seconds",
@@ -88,19 +89,11 @@ def _comparable(scenario, num_cpus) -> dict:
     sweep may choose it), runtime.num_cpus."""
     if not isinstance(scenario, dict):
         return {"scenario.yaml": "not a mapping"}
-    flat = dict(_flatten(scenario))
+    flat = dict(dotted_items(scenario))
     flat.pop("output.dir", None)
     if num_cpus is None:
         flat.pop("runtime.num_cpus", None)
     return flat
-
-
-def _flatten(node: dict, prefix: str = ""):
-    for key, value in node.items():
-        if isinstance(value, dict) and value:
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def point_row(point) -> dict:

@@ -1,0 +1,79 @@
+"""Data sets read from the user's files at ``data.path``: what each kind expects there, how its
+files are found and read, and how a centralized image set read from them is split over clients."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+
+import numpy as np
+
+from raysim.data.federated import FederatedDataset
+from raysim.data.partition import partition
+from raysim.errors import ScenarioError
+
+DATA_FILES: dict[str, str] = {  # data.kind -> what data.path must name
+    "parquet": "Parquet file or directory",
+    "leaf": "LEAF JSON file, directory of them, or directory with train/ and test/ of them",
+    "mnist": "directory of the MNIST IDX files",
+    "fashion_mnist": "directory of the Fashion-MNIST IDX files",
+    "cifar10": "directory of the CIFAR-10 binary batches",
+    "cifar100": "directory of the CIFAR-100 binary files",
+}
+PARTITIONED_FILES = ("mnist", "fashion_mnist", "cifar10", "cifar100")  # centralized sets that data.partition splits
+CLIENTS_FROM_FILES = ("parquet", "leaf")  # kinds whose files decide the clients (data.num_clients is ignored):
+# their client counts are checked in simulation.prepare once the data set is read
+
+
+def find_file(directory: str, names: list[str], what: str) -> str:
+    """The first of ``names`` that exists in ``directory``; else ScenarioError naming ``what`` the
+    directory should hold."""
+    for name in names:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate):
+            return candidate
+    raise ScenarioError("data.path", directory, f"a directory holding {what} ({' or '.join(names)} is missing)")
+
+
+def read_bytes(path: str, size: int = -1) -> bytes:
+    """The bytes of ``path`` (only its first ``size`` when >= 0), decompressed when its name ends in
+    ``.gz`` (only as far as ``size`` needs)."""
+    gz = path.endswith(".gz")
+    try:
+        with open(path, "rb") as f:
+            if gz and size >= 0:
+                with gzip.GzipFile(fileobj=f) as head:
+                    return _gunzipped(lambda: head.read(size), path)
+            data = f.read(size)
+    except OSError as exc:
+        raise ScenarioError("data.path", path, f"a readable file ({exc.strerror})") from None
+    return _gunzipped(lambda: gzip.decompress(data), path) if gz else data
+
+
+def _gunzipped(decompress, path: str) -> bytes:
+    """``decompress()``, its errors a ScenarioError naming the gzip file ``path``."""
+    try:
+        return decompress()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ScenarioError("data.path", path, f"a complete gzip file ({exc})") from None
+
+
+def check_labels(labels: np.ndarray, num_classes: int, path: str) -> None:
+    """Every label lies in [0, ``num_classes``); else ScenarioError naming ``path`` and the first bad one."""
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        raise ScenarioError("data.path", path, f"labels in [0, {num_classes - 1}] "
+                                               f"(record {int(np.argmax(bad))} has {labels[np.argmax(bad)]})")
+
+
+def partition_images(pixels: np.ndarray, labels: np.ndarray, num_classes: int, num_clients: int, partition_cfg,
+                     test_fraction: float, seed: int) -> FederatedDataset:
+    """8-bit images ``pixels`` ``[N, C, H, W]`` with ``labels`` split over clients by the partitioner
+    (:func:`raysim.data.partition.partition`, as ``digits``), pixels scaled to [0, 1]."""
+    train, test = partition(labels, num_clients, partition_cfg, test_fraction, seed)
+    order = np.concatenate([part for pair in zip(train, test) for part in pair])
+    x = pixels[order].astype(np.float32)
+    x /= 255
+    return FederatedDataset.from_sorted(x, labels[order], [len(t) for t in train], [len(t) for t in test],
+                                        num_classes, pixels.shape[1:])
