@@ -138,35 +138,29 @@ def test_tier_entry_with_a_typo_in_a_scenario_file(tmp_path, capsys):
         f"error: system.compute.tiers[1].fractoin = 0.5: expected a known key; allowed here: {TIER_KEYS}")
 
 
-@pytest.mark.parametrize("text, what", [
-    ("", "the file is empty"),
-    ("# only a comment\n", "the file is empty"),
-    ("{}\n", "the file holds {}"),
-    ("null\n", "the file holds null"),
-    ("- name: x\n- seed: 1\n", "the file holds a list"),
-    ("42\n", "the file holds 42"),
-    ("hello\n", "the file holds 'hello'"),
+MAPPING = "a YAML mapping of scenario keys (name, seed, data, model, ...); "
+
+
+@pytest.mark.parametrize("text, allowed", [
+    ("", MAPPING + "the file is empty"),
+    ("# only a comment\n", MAPPING + "the file is empty"),
+    ("{}\n", MAPPING + "the file holds {}"),
+    ("null\n", MAPPING + "the file holds null"),
+    ("- name: x\n- seed: 1\n", MAPPING + "the file holds a list"),
+    ("42\n", MAPPING + "the file holds 42"),
+    ("hello\n", MAPPING + "the file holds 'hello'"),
+    # a syntax error: where it is, line and column
+    ("name: x\ndata:\n  kind: [gaussian\n  num_clients: 3\n",
+     "valid YAML (line 4, column 14: expected ',' or ']', but got ':')"),
+    ("name: x\ndata:\n  kind: a\n   num_clients: 3\n", "valid YAML (line 4, column 15: mapping values are not allowed here)"),
+    ("name: x\ndata:\n  kind: a\n  kind: b\n", "valid YAML (line 4, column 3: found duplicate key kind)"),
 ])
-def test_scenario_file_without_keys(tmp_path, capsys, text, what):
+def test_scenario_file_without_keys_or_with_a_syntax_error(tmp_path, capsys, text, allowed):
     path = tmp_path / "x.yaml"
     path.write_text(text)
     out = tmp_path / "out"
     assert run_main(capsys, "run", str(path), "runtime.backend=local", f"output.dir={out}") == (
-        f"error: scenario = '{path}': expected a YAML mapping of scenario keys (name, seed, data, model, ...); {what}")
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("text, where", [
-    ("name: x\ndata:\n  kind: [gaussian\n  num_clients: 3\n", "line 4, column 14: expected ',' or ']', but got ':'"),
-    ("name: x\ndata:\n  kind: a\n   num_clients: 3\n", "line 4, column 15: mapping values are not allowed here"),
-    ("name: x\ndata:\n  kind: a\n  kind: b\n", "line 4, column 3: found duplicate key kind"),
-])
-def test_yaml_syntax_error_names_line_and_column(tmp_path, capsys, text, where):
-    path = tmp_path / "x.yaml"
-    path.write_text(text)
-    out = tmp_path / "out"
-    assert run_main(capsys, "run", str(path), "runtime.backend=local", f"output.dir={out}") == (
-        f"error: scenario = '{path}': expected valid YAML ({where})")
+        f"error: scenario = '{path}': expected {allowed}")
     assert not out.exists()
 
 
