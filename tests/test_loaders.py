@@ -367,3 +367,26 @@ def test_leaf_users_decide_the_clients_not_data_num_clients(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: execution.clients_per_round = 4: expected an integer in [1, 3] (the data set's number of clients)"]
+
+
+@pytest.mark.parametrize("example, overrides", [
+    ("femnist", ["execution.clients_per_round=2", "eval.clients=2"]),
+    ("shakespeare", ["execution.clients_per_round=2", "eval.clients=2", "algorithm.local_steps=1"]),
+    ("cifar10_resnet", ["data.num_clients=2", "data.partition.kind=iid", "execution.clients_per_round=2",
+                        "algorithm.local_epochs=1"]),
+])
+def test_example_scenarios_run_on_tiny_files_of_their_formats(tmp_path, example, overrides):
+    """scenarios/examples/{femnist,shakespeare,cifar10_resnet}.yaml, pointed at a few records in
+    each format, run a round and write their logs."""
+    if example == "cifar10_resnet":
+        write_cifar10(tmp_path / "data" / "cifar-10-batches-bin", per_file=4)
+    else:
+        rows = femnist_rows if example == "femnist" else (lambda i, n, _: shakespeare_rows(i, n))
+        for split, count in (("train", 3), ("test", 1)):
+            write_json(tmp_path / "data" / split / "all.json",
+                       leaf_json({f"u{i}": rows(i, count, i) for i in range(3)}))
+    proc = raysim("run", f"scenarios/examples/{example}.yaml", "--quiet", f"data.path={tmp_path / 'data'}",
+                  "execution.rounds=1", "eval.every=1", "runtime.backend=local", f"output.dir={tmp_path / 'out'}",
+                  *overrides)
+    assert proc.returncode == 0, proc.stderr
+    assert pq.read_table(tmp_path / "out" / "rounds.parquet").num_rows == 1
