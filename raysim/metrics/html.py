@@ -15,7 +15,8 @@ from raysim.schema import dotted_items
 
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
-td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}code{font-size:90%}"""
+td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}code{font-size:90%}
+.wide{overflow-x:auto;max-width:100%}td,th{white-space:nowrap}"""
 QUADRATIC = ("rel_error", "grad_norm_sq", "loss_gap")  # summary columns of runs with exact diagnostics
 
 
@@ -80,10 +81,10 @@ def _number(value, spec: str) -> str:
 
 
 def _table(header: list[str], rows: list[list]) -> str:
-    """An HTML table, every cell escaped (None shows as "—")."""
+    """An HTML table, every cell escaped (None shows as "—"), scrolling sideways when wider than the page."""
     def cell(tag: str, value) -> str:
         return f"<{tag}>{html.escape('—' if value is None else str(value))}</{tag}>"
 
-    lines = ["<table>", "<tr>" + "".join(cell("th", h) for h in header) + "</tr>"]
+    lines = ["<div class='wide'><table>", "<tr>" + "".join(cell("th", h) for h in header) + "</tr>"]
     lines += ["<tr>" + "".join(cell("td", v) for v in row) + "</tr>" for row in rows]
-    return "\n".join(lines + ["</table>"])
+    return "\n".join(lines + ["</table></div>"])
