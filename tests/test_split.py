@@ -197,6 +197,23 @@ def test_init_random_laws():
     assert not rows[:, :6].any()
 
 
+def test_init_random_laws_of_the_benchmark_models_layers():
+    """LSTM weights and biases U(±1/sqrt(hidden)), Embedding N(0, 1), GroupNorm weight 1 and bias 0,
+    as PyTorch initializes them (char_lstm and resnet18_gn made partly personal)."""
+    module = nn.ModuleDict({"embed": nn.Embedding(50, 40), "lstm": nn.LSTM(40, 16), "norm": nn.GroupNorm(2, 8),
+                            "out": nn.Linear(16, 3)})
+    flat = FlatModel(module)
+    mask = personal_mask(module, ["embed.*", "lstm.*", "norm.*"])
+    parts = flat.unflatten(init_personal(flat, mask, flat.initial_vector(), _rngs(7), "random")[0])
+    embed = parts["embed.weight"]
+    assert abs(float(embed.mean())) < 0.05 and abs(float(embed.std()) - 1) < 0.05 and embed.abs().max() > 2.5
+    for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"):
+        values = parts[f"lstm.{name}"]
+        assert values.abs().max() <= 0.25 and values.abs().max() > 0.9 * 0.25, name  # 1/sqrt(16)
+    assert torch.equal(parts["norm.weight"], torch.ones(8)) and torch.equal(parts["norm.bias"], torch.zeros(8))
+    assert torch.equal(parts["out.weight"], module["out"].weight.detach())  # global: the model's own
+
+
 def test_init_zero_and_global():
     flat = FlatModel(mlp())
     mask = personal_mask(flat.module, ["*.bias"])

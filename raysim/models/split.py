@@ -116,17 +116,35 @@ def personal_mask(module: nn.Module, personal) -> torch.Tensor:
 
 
 def _law(p: torch.Tensor, owner: nn.Module, leaf: str) -> tuple:
-    """Bounds ``(low, high)`` of PyTorch's default uniform init for one parameter."""
+    """PyTorch's default init of one parameter: ``("uniform", low, high)``, ``("normal", mean, std)``
+    or ``("constant", value, value)``."""
     if leaf == "lora_b":
-        return 0.0, 0.0
+        return "uniform", 0.0, 0.0  # zeros, drawn so that the draws after them stay where they were
+    if isinstance(owner, nn.LSTM):
+        bound = 1.0 / math.sqrt(owner.hidden_size)
+        return "uniform", -bound, bound
+    if isinstance(owner, nn.Embedding):
+        return "normal", 0.0, 1.0
+    if isinstance(owner, nn.GroupNorm):
+        value = 1.0 if leaf == "weight" else 0.0
+        return "constant", value, value
     if leaf == "lora_a":
         fan_in = p.shape[1]
     elif isinstance(owner, _INIT_LAYERS + (LoRALinear,)):
         fan_in = owner.weight[0].numel()  # in_features, or in_channels/groups * kernel size
     else:
-        return 0.0, 1.0  # a bare parameter (the quadratic model's θ, w)
+        return "uniform", 0.0, 1.0  # a bare parameter (the quadratic model's θ, w)
     bound = 1.0 / math.sqrt(fan_in)
-    return -bound, bound
+    return "uniform", -bound, bound
+
+
+def _draw(rng: np.random.Generator, n: int, kind: str, a: float, b: float) -> np.ndarray:
+    """``n`` draws of one :func:`_law` from ``rng`` (a constant draws nothing)."""
+    if kind == "uniform":
+        return rng.uniform(a, b, n)
+    if kind == "normal":
+        return rng.normal(a, b, n)
+    return np.full(n, a)
 
 
 def init_personal(model: FlatModel, mask: torch.Tensor, global_vector: torch.Tensor, rngs: list,
@@ -136,9 +154,9 @@ def init_personal(model: FlatModel, mask: torch.Tensor, global_vector: torch.Ten
     Global entries (``~mask``) equal ``global_vector``; personal entries are ``global_vector``'s
     own (``"global"``), 0 (``"zero"``) or, for ``"random"``, a fresh draw from each client's
     numpy Generator in ``rngs`` following PyTorch's default init of each tensor
-    (Linear/Conv weight and bias, ``lora_a``: U(±1/sqrt(fan_in)); ``lora_b``: 0; other
-    parameters: U[0, 1]), drawn in float64 and cast to the vector's dtype. Draws do not
-    touch torch's global RNG.
+    (Linear/Conv weight and bias, ``lora_a``: U(±1/sqrt(fan_in)); ``lora_b``: 0; LSTM weights and
+    biases: U(±1/sqrt(hidden)); Embedding: N(0, 1); GroupNorm: weight 1, bias 0; other parameters:
+    U[0, 1]), drawn in float64 and cast to the vector's dtype. Draws do not touch torch's global RNG.
     """
     check_init(None, how)
     rows = global_vector.detach().expand(len(rngs), -1).clone()
@@ -149,12 +167,11 @@ def init_personal(model: FlatModel, mask: torch.Tensor, global_vector: torch.Ten
         rows[:, mask.to(rows.device)] = 0
         return rows
     offsets = np.cumsum([0, *model.numels]).tolist()
-    spans = [(start, stop, *_law(p, owner, leaf))
+    spans = [(start, stop, _law(p, owner, leaf))
              for (_, p, owner, leaf), start, stop in zip(_parameters(model.module), offsets, offsets[1:])
              if mask[start:stop].any()]
-    index = torch.cat([torch.arange(start, stop) for start, stop, *_ in spans])
-    draws = np.stack([np.concatenate([rng.uniform(low, high, stop - start) for start, stop, low, high in spans])
-                      for rng in rngs])
+    index = torch.cat([torch.arange(start, stop) for start, stop, _ in spans])
+    draws = np.stack([np.concatenate([_draw(rng, stop - start, *law) for start, stop, law in spans]) for rng in rngs])
     keep = mask[index]
     rows[:, index[keep].to(rows.device)] = torch.from_numpy(draws)[:, keep].to(rows)
     return rows
