@@ -111,11 +111,13 @@ def check_init(personal, how: str) -> None:
                             "random or global with model.personal=adapter (a zero LoRA pair has zero gradient)")
 
 
-def check_model_data(kind: str, feature_shape: tuple, num_classes: int) -> None:
+def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: str | None = None) -> None:
     """The built-in ``model.kind`` takes data of ``feature_shape`` with ``num_classes`` classes (0: the
-    quadratic problem); else ScenarioError. Torch-free, so that :func:`raysim.engine.simulation.prepare`
-    checks it before Ray starts; :func:`raysim.models.build_model` checks it before building."""
+    quadratic problem); else ScenarioError, naming ``source`` (the data's file, if it has one). Torch-free,
+    so that :func:`raysim.engine.simulation.prepare` checks it before Ray starts;
+    :func:`raysim.models.build_model` checks it before building."""
     shape = [int(size) for size in feature_shape]
+    seen = f"(features {'here' if source is None else f'of data.path {source!r}'} have shape {shape})"
     if ":" in kind:  # a user's factory decides
         return
     if kind == "quadratic" and num_classes != 0:
@@ -124,16 +126,13 @@ def check_model_data(kind: str, feature_shape: tuple, num_classes: int) -> None:
         raise ScenarioError("model.kind", kind, "quadratic with data.kind=quadratic")
     if kind == "cnn" and len(shape) != 3:
         raise ScenarioError("model.kind", kind, "image data: data.kind=digits, synthetic_images, mnist, fashion_mnist, "
-                            "cifar10, cifar100 or leaf (FEMNIST), or parquet with data.image_shape set (features "
-                            f"here have shape {shape})")
+                            f"cifar10, cifar100 or leaf (FEMNIST), or parquet with data.image_shape set {seen}")
     if kind == "char_lstm" and shape != [SEQUENCE_LENGTH]:
         raise ScenarioError("model.kind", kind, f"character sequences: features of {SEQUENCE_LENGTH} character "
-                            f"indices, as LEAF Shakespeare's (features here have shape {shape})")
+                            f"indices, as LEAF Shakespeare's {seen}")
     if kind == "femnist_cnn" and shape != list(FEMNIST_SHAPE):
         raise ScenarioError("model.kind", kind, "28x28 grey-scale images of shape [1, 28, 28] (leaf FEMNIST, mnist, "
-                            "fashion_mnist; synthetic_images with data.image_shape=[1,28,28]) (features here have "
-                            f"shape {shape})")
+                            f"fashion_mnist; synthetic_images with data.image_shape=[1,28,28]) {seen}")
     if kind == "resnet18_gn" and len(shape) != 3:
         raise ScenarioError("model.kind", kind, "image data of shape [channels, height, width] (cifar10, cifar100, "
-                            "synthetic_images, or parquet with data.image_shape set) (features here have shape "
-                            f"{shape})")
+                            f"synthetic_images, or parquet with data.image_shape set) {seen}")

@@ -343,7 +343,7 @@ def test_cnn_refuses_shakespeare_rows_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: model.kind = 'cnn': expected image data"), proc.stderr
-    assert "(features here have shape [80])" in lines[0]
+    assert lines[0].endswith(f"(features of data.path '{path}' have shape [80])")  # the file, what it holds
 
 
 def test_run_a_cnn_on_a_tiny_fake_mnist(tmp_path):

@@ -13,7 +13,7 @@ from raysim.algorithms.keys import check_aggregator
 from raysim.catalog import algorithm_keys, check_model_data
 from raysim.config import check_eval_clients, to_yaml
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
-from raysim.data.files import CLIENTS_FROM_FILES
+from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES
 from raysim.errors import ScenarioError
 from raysim.footprint import check_curvature, check_fits
 from raysim.metrics import OutputDir
@@ -53,7 +53,8 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     """
     check_fits(cfg)
     dataset = build_dataset(cfg.data, cfg.seed)
-    check_model_data(cfg.model.kind, dataset.feature_shape, dataset.num_classes)
+    check_model_data(cfg.model.kind, dataset.feature_shape, dataset.num_classes,
+                     cfg.data.path if cfg.data.kind in DATA_FILES else None)
     if isinstance(dataset, (FederatedDataset, GeneratedDataset)):
         check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
         if check_data is not None:
