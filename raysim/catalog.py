@@ -13,6 +13,7 @@ import os
 import sys
 
 from raysim.algorithms import keys
+from raysim.data.leaf import FEMNIST_SHAPE, SHAKESPEARE_LENGTH  # the shapes char_lstm and femnist_cnn take
 from raysim.errors import ScenarioError
 
 MODELS = {
@@ -29,8 +30,6 @@ MODELS = {
     "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (2 groups), as FedACG's; [channels, height, width] images",
 }
 
-SEQUENCE_LENGTH = 80  # char_lstm: LEAF Shakespeare's 80 characters in, the next one out
-FEMNIST_SHAPE = (1, 28, 28)  # femnist_cnn's images
 
 ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
 
@@ -127,8 +126,8 @@ def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: 
     if kind == "cnn" and len(shape) != 3:
         raise ScenarioError("model.kind", kind, "image data: data.kind=digits, synthetic_images, mnist, fashion_mnist, "
                             f"cifar10, cifar100 or leaf (FEMNIST), or parquet with data.image_shape set {seen}")
-    if kind == "char_lstm" and shape != [SEQUENCE_LENGTH]:
-        raise ScenarioError("model.kind", kind, f"character sequences: features of {SEQUENCE_LENGTH} character "
+    if kind == "char_lstm" and shape != [SHAKESPEARE_LENGTH]:
+        raise ScenarioError("model.kind", kind, f"character sequences: features of {SHAKESPEARE_LENGTH} character "
                             f"indices, as LEAF Shakespeare's {seen}")
     if kind == "femnist_cnn" and shape != list(FEMNIST_SHAPE):
         raise ScenarioError("model.kind", kind, "28x28 grey-scale images of shape [1, 28, 28] (leaf FEMNIST, mnist, "

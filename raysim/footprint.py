@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 
 from raysim.data.files import DATA_FILES
+from raysim.data.leaf import SHAKESPEARE_LENGTH
 from raysim.errors import ScenarioError
 
 ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
@@ -96,7 +97,8 @@ def estimate(cfg) -> Footprint:
     actors = _actors(cfg.runtime)
     in_flight, flight_keys = _in_flight(cfg, actors)
     if not clients:  # unknown until the files are read (leaf): the clients the run may visit, or a round's
-        clients = _visits(cfg) if _visits(cfg) < math.inf else in_flight
+        visits = _visits(cfg)
+        clients = visits if visits < math.inf else in_flight
     params, widths = parameter_count(m, features, classes)
     model_keys = _model_keys(cfg)
     itemsize = 8 if m.kind == "quadratic" else 4
@@ -187,7 +189,8 @@ def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list
         linear = [channels * height * width, classes]
     elif kind == "char_lstm":  # embedding V x 8; per LSTM layer (in 8, then 256) 4·256·(in + 256) weights, 2 biases
         body = classes * 8 + sum(4 * 256 * (n_in + 256) + 2 * 4 * 256 for n_in in (8, 256))
-        widths, linear = [80 * 8, 80 * 2 * 6 * 256], [256, classes]  # 80 steps x 2 layers: 4 gates, c and h
+        steps = SHAKESPEARE_LENGTH  # 80 steps x 2 layers: 4 gates, c and h
+        widths, linear = [steps * 8, steps * 2 * 6 * 256], [256, classes]
     elif kind == "femnist_cnn":  # 5x5 convolutions 1 -> 32 -> 64 (with biases), each 2x2 max-pooled, dense 2048
         body = (25 * 1 * 32 + 32) + (25 * 32 * 64 + 64)
         widths, linear = [32 * 28 * 28, 64 * 14 * 14, 2048], [64 * 7 * 7, 2048, classes]
