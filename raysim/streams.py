@@ -18,6 +18,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
+from numpy.random.bit_generator import ISeedSequence
 
 MAX_ID = 2 ** 32 - 1
 
@@ -60,3 +61,85 @@ def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSeque
 def stream(seed: int, purpose: Purpose, *ids: int) -> np.random.Generator:
     """A numpy Generator for ``purpose`` and the given ids (client, counter, …)."""
     return np.random.default_rng(seed_sequence(seed, purpose, *ids))
+
+
+# numpy's SeedSequence (``numpy/random/bit_generator.pyx``), vectorized over many streams by :func:`streams`
+_POOL, _SHIFT, _MASK = 4, 16, 0xFFFFFFFF
+_VECTOR_MIN = 8  # fewer streams are built one by one: the vectorized hashing costs about as much as eight
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = np.uint32(0xCA01F9DD), np.uint32(0x4973F715)
+
+
+def _constants(init: int, mult: int, count: int) -> np.ndarray:
+    """``init · mult^j`` mod 2³², j = 0 … count: the hash constant before each hashing step."""
+    out, value = [], init
+    for _ in range(count + 1):
+        out.append(value)
+        value = (value * mult) & _MASK
+    return np.array(out, dtype=np.uint32)
+
+
+_HASH_A = _constants(_INIT_A, _MULT_A, 64 * _POOL)  # mixing a pool: entropy words up to 60
+_HASH_B = _constants(_INIT_B, _MULT_B, 2 * _POOL)  # generate_state(4, uint64): eight words
+
+
+def _hashmix(values: np.ndarray, j: int, m: int) -> np.ndarray:
+    """SeedSequence's ``hashmix`` calls j … j+m-1 (``values`` [N, m], or [N, 1]: the same value m times)."""
+    out = (values ^ _HASH_A[j:j + m]) * _HASH_A[j + 1:j + m + 1]
+    return out ^ (out >> _SHIFT)
+
+
+def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    out = _MIX_L * x - _MIX_R * y
+    return out ^ (out >> _SHIFT)
+
+
+def _words(value: int) -> list:
+    """A non-negative integer as little-endian 32-bit words, as SeedSequence reads its entropy."""
+    words = []
+    while value > 0:
+        words.append(value & _MASK)
+        value >>= 32
+    return words or [0]
+
+
+def streams(seed: int, purpose: Purpose, ids) -> list:
+    """``[stream(seed, purpose, *row) for row in ids]`` for ids [N, k], at a fraction of the cost:
+    SeedSequence's hashing runs once over all rows (the same words numpy computes; a test checks
+    it), then each Generator's PCG64 is seeded from its row's state."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 2:
+        raise ValueError(f"stream ids must be a [N, k] array, not of shape {ids.shape}")
+    if len(ids) < _VECTOR_MIN:
+        return [stream(seed, purpose, *row) for row in ids.tolist()]
+    bad = (ids < 0) | (ids > MAX_ID)
+    if bad.any():
+        seed_sequence(seed, purpose, *ids[bad.any(1).argmax()])  # raises the one-stream error
+    run = _words(int(seed))
+    run += [0] * (_POOL - len(run))  # a spawn key follows: the run entropy is padded to the pool size
+    key = np.broadcast_to(np.array(run + [int(purpose), ids.shape[1]], dtype=np.uint32), (len(ids), len(run) + 2))
+    entropy = np.concatenate([key, ids.astype(np.uint32)], axis=1)
+    pool = _hashmix(entropy[:, :_POOL], 0, _POOL)
+    j = _POOL
+    for src in range(_POOL):  # every word of the pool mixed into every other
+        others = [dst for dst in range(_POOL) if dst != src]
+        pool[:, others] = _mix(pool[:, others], _hashmix(pool[:, src:src + 1], j, _POOL - 1))
+        j += _POOL - 1
+    for src in range(_POOL, entropy.shape[1]):  # the rest of the entropy, mixed into every word
+        pool = _mix(pool, _hashmix(entropy[:, src:src + 1], j, _POOL))
+        j += _POOL
+    state = np.tile(pool, 2) ^ _HASH_B[:-1]
+    state *= _HASH_B[1:]
+    state ^= state >> _SHIFT
+    states = np.ascontiguousarray(state).astype("<u4").view("<u8").astype(np.uint64)
+    return [np.random.Generator(np.random.PCG64(_State(row))) for row in states]
+
+
+class _State(ISeedSequence):
+    """A seed that hands PCG64 a state :func:`streams` already computed."""
+
+    def __init__(self, words: np.ndarray):
+        self.words = words
+
+    def generate_state(self, n_words, dtype=np.uint32):
+        return self.words

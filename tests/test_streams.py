@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from raysim.streams import MAX_ID, Purpose, seed_sequence, stream
+from raysim.streams import MAX_ID, Purpose, seed_sequence, stream, streams
 
 
 def _fingerprint(rng: np.random.Generator) -> tuple:
@@ -53,3 +53,31 @@ def test_ids_must_fit_one_word():
         stream(0, Purpose.CLIENT_TRAIN, MAX_ID + 1)
     with pytest.raises(ValueError, match="stream id -1"):
         stream(0, Purpose.CLIENT_TRAIN, -1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2 ** 32 - 1, 2 ** 32, 2 ** 40 + 7, 2 ** 130 + 11])
+@pytest.mark.parametrize("arity", [0, 1, 2, 3])
+def test_streams_built_at_once_are_the_streams_built_one_by_one(seed, arity):
+    """:func:`streams` hashes many keys at once with numpy arrays; every generator it returns
+    draws exactly what ``stream`` of its row draws (seeds of one to five words, ids up to MAX_ID)."""
+    rng = np.random.default_rng(seed % 1000 + arity)
+    for count in (1, 7, 8, 40):  # below and above the size where the vectorized path starts
+        ids = rng.integers(0, MAX_ID + 1, size=(count, arity))
+        ids[0] = 0
+        if arity:
+            ids[-1, -1] = MAX_ID
+        for purpose in (Purpose.CLIENT_TRAIN, Purpose.SYSTEM_TASK):
+            got = [g.integers(0, 2 ** 63, size=3).tolist() + [g.standard_normal()] for g in streams(seed, purpose, ids)]
+            expected = [g.integers(0, 2 ** 63, size=3).tolist() + [g.standard_normal()]
+                        for g in (stream(seed, purpose, *row) for row in ids.tolist())]
+            assert got == expected
+
+
+def test_streams_check_their_ids_as_stream_does():
+    ids = np.zeros((10, 2), dtype=np.int64)
+    ids[6, 1] = MAX_ID + 1
+    with pytest.raises(ValueError, match="stream id 4294967296 of SYSTEM_TASK"):
+        streams(0, Purpose.SYSTEM_TASK, ids)
+    ids[6, 1] = -1
+    with pytest.raises(ValueError, match="stream id -1"):
+        streams(0, Purpose.SYSTEM_TASK, ids)

@@ -36,7 +36,7 @@ def local_train(params: torch.Tensor, oracle, *phases: ClientTransform) -> Local
     # steps where every client moves skip the mask: x * 1 == x exactly, so the bits are the same
     everyone = plan.active.bool().all(1).tolist()
     states = [phase.init(params) for phase in phases]
-    params = params.detach().clone()
+    params = params.detach().clone()  # moved in place (the same bits as ``params - updates``): no step allocates it
     loss_sum = torch.zeros(params.shape[0], dtype=torch.float64, device=params.device)
     for s in range(plan.num_steps):
         for i, phase in enumerate(phases):
@@ -45,6 +45,6 @@ def local_train(params: torch.Tensor, oracle, *phases: ClientTransform) -> Local
                 loss_sum += loss.double() if everyone[s] else loss.double() * active[s]
             with torch.no_grad():
                 updates, states[i] = phase.update(grads, states[i], params)
-                params = params - updates if everyone[s] else params - updates * active[s][:, None]
+                params.sub_(updates if everyone[s] else updates * active[s][:, None])  # own copy: in place
     steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=params.device)
     return LocalResult(params, (loss_sum / steps.clamp_min(1)).cpu().numpy(), plan.steps)

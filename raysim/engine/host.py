@@ -17,7 +17,7 @@ from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.algorithms.oracles import Participation
 from raysim.data import FederatedDataset, QuadraticProblem, open_dataset
 from raysim.models import build_model
-from raysim.streams import Purpose, stream
+from raysim.streams import Purpose, streams
 from raysim.system import SystemModel
 
 
@@ -110,7 +110,7 @@ class ClientHost:
     def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)
         purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
-        ctx = ClientContext(ids, [stream(self.cfg.seed, purpose, int(c), n) for c, n in zip(ids, task.counters)],
+        ctx = ClientContext(ids, streams(self.cfg.seed, purpose, np.stack([ids, np.asarray(task.counters, np.int64)], 1)),
                             self.model, self.data(ids), self.device, *self._unreliable(ids, task.op),
                             states=None if task.states is None else list(task.states),
                             label_flip=self._label_flip(ids, task.op))

@@ -21,6 +21,7 @@ from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator
+from raysim.engine.host import torch_threads
 from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
 from raysim.errors import DivergenceError, NoClientAvailable, RunError
@@ -99,10 +100,12 @@ class Scheduler:
         until = time.perf_counter() + budget_seconds
         error = None
         try:
-            while not self.done and (stop_version is None or self.version < stop_version):
-                self.driver.step()
-                if time.perf_counter() >= until:
-                    break
+            # the server's tensor work takes the clients' thread count: a wider pool only spins beside busy actors
+            with torch_threads(self.cfg.runtime.torch_threads):
+                while not self.done and (stop_version is None or self.version < stop_version):
+                    self.driver.step()
+                    if time.perf_counter() >= until:
+                        break
         except RunError as exc:  # reported with the rows made so far
             self.done, error = True, exc
         self._log_lost_tasks()

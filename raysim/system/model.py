@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.streams import Purpose, stream
+from raysim.streams import Purpose, stream, streams
 from raysim.system.config import byzantine_count
 from raysim.system.traces import load_availability_trace, load_compute_trace
 from raysim.system.validate import check_byzantine_ids, validate_system
@@ -177,8 +177,7 @@ class SystemModel:
         counters = np.broadcast_to(np.asarray(counters, dtype=np.int64), ids.shape)
         work = np.broadcast_to(np.asarray(work, dtype=np.float64), ids.shape)
         z, coin, frac = np.empty(len(ids)), np.empty(len(ids)), np.empty(len(ids))
-        for i, (client, counter) in enumerate(zip(ids.tolist(), counters.tolist())):
-            rng = stream(self.seed, Purpose.SYSTEM_TASK, client, counter)
+        for i, rng in enumerate(streams(self.seed, Purpose.SYSTEM_TASK, np.stack([ids, counters], 1))):
             z[i], coin[i] = rng.standard_normal(), rng.random()
             frac[i] = rng.integers(1, 2 ** 53) / 2 ** 53  # in (0, 1): a failure strictly inside the task
         c, p = self.cfg.compute, self.profile
