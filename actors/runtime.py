@@ -134,9 +134,10 @@ class ActorPool:
         size = sum(t.numel() * t.element_size() for t in payload.values())
         return {k: t.numpy() for k, t in payload.items()} if size < INLINE_PAYLOAD_BYTES else ray.put(payload)
 
-    def submit(self, actor: int, handles: dict, tasks: list) -> Pending:
-        """Start ``tasks`` on actor ``actor``; returns the pending call."""
-        return self._send(actor, "run", (handles, tasks))
+    def submit(self, actor: int, handles: dict, tasks: list, prepare: tuple = ()) -> Pending:
+        """Start ``tasks`` on actor ``actor`` (which then builds the on-demand rows of the
+        clients in ``prepare`` while it waits for its next call); returns the pending call."""
+        return self._send(actor, "run", (handles, tasks, prepare) if prepare else (handles, tasks))
 
     def gather(self, pending: list) -> list:
         """The results of pending calls; the calls of an actor that died run again on its

@@ -162,3 +162,26 @@ def test_memory_estimate_of_data_built_on_demand_follows_the_evaluated_clients(t
     everyone, _ = data_part()
     assert table_bytes(cfg.data) > 25e9  # the whole table would be ~29 GB
     assert sampled < 0.5e9 < 2e9 < everyone  # sizes and caches, against every client's test rows
+
+
+def test_a_host_builds_the_rows_of_its_next_clients_while_it_waits(tmp_path):
+    """``ClientHost.run(…, prepare)`` builds those clients' rows in a background thread after its
+    tasks (the next call waits for it); the next tasks then find them cached, with the same results."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from raysim.engine.dispatch import make_tasks
+    from raysim.engine.host import ClientHost
+
+    cfg = small_scenario(tmp_path, "data.on_demand=true")
+    scenario, dataset = OmegaConf.to_container(cfg, resolve=True), build_dataset(cfg.data, cfg.seed)
+    host, fresh = ClientHost(scenario, dataset.table), ClientHost(scenario, dataset.table)
+    payload = host.algorithm.payload(host.algorithm.init(host.model.initial_vector()))
+    sizes = dataset.train_sizes()
+    host.run({0: payload}, make_tasks("train", np.array([1, 2, 3]), sizes, 1, 5, 0), prepare=(7, 9, 30))
+    host._preparing.join()
+    assert {7, 9, 30} <= set(host.dataset._cache)
+    later = make_tasks("train", np.array([7, 9, 30]), sizes, 2, 5, 0)
+    prepared, built_now = host.run({0: payload}, later), fresh.run({0: payload}, later)
+    assert torch.equal(prepared[0].vector, built_now[0].vector)
+    assert np.array_equal(prepared[0].train_loss, built_now[0].train_loss)

@@ -49,10 +49,15 @@ def assign(tasks: list, train_sizes: np.ndarray, num_actors: int) -> list:
     return assigned
 
 
-def run_tasks(runtime, handles: dict, tasks: list, train_sizes: np.ndarray) -> list:
-    """Run tasks (one call per busy host) and wait for them; results in task order."""
+def run_tasks(runtime, handles: dict, tasks: list, train_sizes: np.ndarray, upcoming: list = ()) -> list:
+    """Run tasks (one call per busy host) and wait for them; results in task order. ``upcoming``:
+    the tasks expected next, placed as they will be, so that each host can build its next clients'
+    on-demand rows while it waits (see :meth:`ClientHost.run`)."""
     assigned = assign(tasks, train_sizes, runtime.num_actors)
-    pending = [runtime.submit(a, {v: handles[v] for i in idx for v in tasks[i].versions}, [tasks[i] for i in idx])
+    later = assign(upcoming, train_sizes, runtime.num_actors) if upcoming else [[]] * runtime.num_actors
+    prepare = [tuple(c for i in idx for c in upcoming[i].client_ids) for idx in later]
+    pending = [runtime.submit(a, {v: handles[v] for i in idx for v in tasks[i].versions}, [tasks[i] for i in idx],
+                              prepare[a])
                for a, idx in enumerate(assigned) if idx]
     results = [None] * len(tasks)
     for idx, outs in zip([idx for idx in assigned if idx], runtime.gather(pending)):

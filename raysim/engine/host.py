@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from raysim.config import scenario_object
 
 from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.algorithms.oracles import Participation
-from raysim.data import FederatedDataset, QuadraticProblem, open_dataset
+from raysim.data import FederatedDataset, GeneratedDataset, QuadraticProblem, open_dataset
 from raysim.models import build_model
 from raysim.streams import Purpose, streams
 from raysim.system import SystemModel
@@ -80,6 +81,7 @@ class ClientHost:
                                                                        unreliable.noise_scale)
         self.per_round_coins, self.normalize_steps = unreliable.coin == "round", unreliable.normalize_steps
         self.flips_labels = profile["byzantine"] if cfg.system.byzantine.attack == "label_flip" else None
+        self._preparing = None  # the thread building the rows of the clients expected next
         self.table_rows = None  # a shared table's features, labels and offsets (on this host's device)
         if isinstance(self.dataset, FederatedDataset):
             with warnings.catch_warnings():  # the Arrow buffer is read-only; client code never writes to it
@@ -101,11 +103,27 @@ class ClientHost:
         return RowData(torch.from_numpy(rows.features).reshape(-1, *self.dataset.feature_shape).to(self.device),
                        torch.from_numpy(rows.labels).to(self.device), rows.offsets)
 
-    def run(self, payloads: dict, tasks: list) -> list:
+    def run(self, payloads: dict, tasks: list, prepare: tuple = ()) -> list:
         """Run tasks in order, each client from ``payloads[version]``; one result per task
-        (ClientUpdates or Personalized)."""
+        (ClientUpdates or Personalized). Then, with data built on demand, a background thread
+        builds the rows of the clients in ``prepare`` (those this host will likely train next)
+        while the host waits for its next call; that call waits for it first, so the data set
+        is never used by two threads at once."""
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
         with torch_threads(self.cfg.runtime.torch_threads):
-            return [self._run_one([payloads[v] for v in task.versions], task) for task in tasks]
+            results = [self._run_one([payloads[v] for v in task.versions], task) for task in tasks]
+        if prepare and isinstance(self.dataset, GeneratedDataset):
+            self._preparing = threading.Thread(target=self._build_rows, args=(prepare,), daemon=True,
+                                               name="raysim-prepare-rows")
+            self._preparing.start()
+        return results
+
+    def _build_rows(self, client_ids: tuple) -> None:
+        """Put the rows of ``client_ids`` in the data set's cache."""
+        for k in client_ids:
+            self.dataset.client(int(k))
 
     def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)

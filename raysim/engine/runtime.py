@@ -33,9 +33,10 @@ class Runtime(Protocol):
     def broadcast(self, payload: dict) -> Any:
         """Publish a payload once; returns a handle tasks refer to."""
 
-    def submit(self, actor: int, handles: dict, tasks: list) -> Any:
+    def submit(self, actor: int, handles: dict, tasks: list, prepare: tuple = ()) -> Any:
         """Start ``tasks`` on host ``actor`` (``handles``: model version -> broadcast handle);
-        returns a pending result."""
+        returns a pending result. ``prepare``: clients the host will likely train next, whose
+        on-demand rows it may build once these tasks are done (results never depend on it)."""
 
     def gather(self, pending: list) -> list:
         """Wait for pending results; one list of task results per pending item."""
@@ -74,7 +75,8 @@ class LocalRuntime:
     def broadcast(self, payload: dict) -> dict:
         return payload
 
-    def submit(self, actor: int, handles: dict, tasks: list) -> list:
+    def submit(self, actor: int, handles: dict, tasks: list, prepare: tuple = ()) -> list:
+        """Run the tasks now; ``prepare`` is not used: in one process nothing waits in between."""
         return self.host.run(handles, tasks)
 
     def gather(self, pending: list) -> list:

@@ -17,7 +17,7 @@ import torch
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
-from raysim.data import QuadraticProblem, open_dataset
+from raysim.data import GeneratedDataset, QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator
@@ -54,6 +54,7 @@ class Scheduler:
         self.dataset = open_dataset(table)
         problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
         self.train_sizes = self.dataset.train_sizes()
+        self.builds_rows = isinstance(self.dataset, GeneratedDataset)  # hosts build client rows on demand
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)

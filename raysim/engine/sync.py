@@ -71,7 +71,8 @@ class SyncDriver:
         start = s.clock
         if kept.any():
             tasks = s.with_states(make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version))
-            updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes))
+            updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes,
+                                                     self._upcoming(start + duration)))
             diverged = updates.first_nonfinite() if s.judges_each_update else None
             try:
                 if diverged is not None:
@@ -96,6 +97,16 @@ class SyncDriver:
         s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
                     time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),
                     dropped=int(dropped.sum()))
+
+    def _upcoming(self, clock: float) -> list:
+        """The next round's training tasks as far as they are known before this round's results:
+        the clients sampled at the clock this round ends, all of them kept. Only with data built on
+        demand (hosts build those clients' rows while they wait), and never past the last round."""
+        s, ex = self.s, self.s.cfg.execution
+        if not s.builds_rows or s.version + 1 >= ex.rounds:
+            return []
+        clients = s.system.sample_available(clock, s.counter, math.ceil(ex.over_selection * ex.clients_per_round))
+        return make_tasks("train", clients, s.train_sizes, s.counter, s.task_size, s.version + 1)
 
     def _log_events(self, clients, kept, late, dropped, timing, updates, start, version, kept_status) -> None:
         s = self.s
