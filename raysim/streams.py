@@ -136,7 +136,8 @@ def streams(seed: int, purpose: Purpose, ids) -> list:
 
 
 class _State(ISeedSequence):
-    """A seed that hands PCG64 a state :func:`streams` already computed."""
+    """A seed that hands PCG64 the state :func:`streams` computed for it (the four 64-bit words
+    PCG64 asks for)."""
 
     def __init__(self, words: np.ndarray):
         self.words = words

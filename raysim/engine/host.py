@@ -128,8 +128,8 @@ class ClientHost:
     def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)
         purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
-        ctx = ClientContext(ids, streams(self.cfg.seed, purpose, np.stack([ids, np.asarray(task.counters, np.int64)], 1)),
-                            self.model, self.data(ids), self.device, *self._unreliable(ids, task.op),
+        rngs = streams(self.cfg.seed, purpose, np.stack([ids, np.asarray(task.counters, dtype=np.int64)], 1))
+        ctx = ClientContext(ids, rngs, self.model, self.data(ids), self.device, *self._unreliable(ids, task.op),
                             states=None if task.states is None else list(task.states),
                             label_flip=self._label_flip(ids, task.op))
         if task.op == "personalize":
