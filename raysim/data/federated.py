@@ -55,6 +55,12 @@ def packed_offsets(offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nd
     return np.stack([starts, starts + np.clip(offsets[:, 1] - lo, 0, hi - lo), ends], axis=1).astype(np.int64)
 
 
+def client_order(train: list, test: list) -> np.ndarray:
+    """Row indices in a table's order (see :meth:`FederatedDataset.from_sorted`): client by client,
+    the rows ``train[c]``, then ``test[c]``."""
+    return np.concatenate([part for pair in zip(train, test) for part in pair])
+
+
 def _single_array(column: pa.ChunkedArray) -> pa.Array:
     """The column as one Array, copying only when it has several chunks."""
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 
-from raysim.data.federated import FederatedDataset
+from raysim.data.federated import FederatedDataset, client_order
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
 
@@ -72,7 +72,7 @@ def partition_images(pixels: np.ndarray, labels: np.ndarray, num_classes: int, n
     """8-bit images ``pixels`` ``[N, C, H, W]`` with ``labels`` split over clients by the partitioner
     (:func:`raysim.data.partition.partition`, as ``digits``), pixels scaled to [0, 1]."""
     train, test = partition(labels, num_clients, partition_cfg, test_fraction, seed)
-    order = np.concatenate([part for pair in zip(train, test) for part in pair])
+    order = client_order(train, test)
     x = pixels[order].astype(np.float32)
     x /= 255
     return FederatedDataset.from_sorted(x, labels[order], [len(t) for t in train], [len(t) for t in test],

@@ -16,7 +16,7 @@ from glob import escape, glob
 import numpy as np
 
 from raysim.data._checks import check_test_fraction
-from raysim.data.federated import FederatedDataset
+from raysim.data.federated import FederatedDataset, client_order
 from raysim.data.parquet import MAX_CLASSES
 from raysim.data.partition import split_train_test
 from raysim.errors import ScenarioError
@@ -202,6 +202,6 @@ def load_leaf(path: str, test_fraction: float, seed: int) -> FederatedDataset:
     sizes = [len(train[u][1]) for u in users]
     owned = np.split(np.arange(len(x)), np.cumsum(sizes)[:-1])
     train_rows, test_rows = split_train_test(owned, test_fraction, stream(seed, Purpose.PARTITION))
-    order = np.concatenate([part for pair in zip(train_rows, test_rows) for part in pair])
+    order = client_order(train_rows, test_rows)
     return FederatedDataset.from_sorted(x[order], labels[order], [len(r) for r in train_rows],
                                         [len(r) for r in test_rows], num_classes, shape)

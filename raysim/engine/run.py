@@ -190,6 +190,7 @@ class Run:
         """Flush both logs; if one cannot be written, the other drops what this flush added, so
         that both files keep covering the same server steps."""
         before = {name: log.written for name, log in self.logs.items()}
+        unwritten = {name: log.unwritten() for name, log in self.logs.items()} if self.tensorboard is not None else None
         began = time.monotonic()
         try:
             for log in self.logs.values():
@@ -202,7 +203,7 @@ class Run:
                     pass
             raise
         if self.tensorboard is not None:
-            self.tensorboard.write_flushed(self.logs, before)
+            self.tensorboard.write_flushed(unwritten)
         self.flushed_at = time.monotonic()
         self.flush_cost = self.flushed_at - began
 

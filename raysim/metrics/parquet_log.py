@@ -112,6 +112,10 @@ class ParquetLog:
         """Rows appended but not written yet (the rows held in memory)."""
         return self._pending
 
+    def unwritten(self) -> pa.Table:
+        """The rows appended but not written yet, as one table (what the next flush writes)."""
+        return pa.Table.from_batches(self._batches, schema=self.schema)
+
     def append(self, columns: dict) -> None:
         """Append rows given as column name → sequence (all the same length); NaN is stored as null."""
         if not self._typed:

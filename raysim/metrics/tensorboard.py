@@ -1,10 +1,10 @@
 """TensorBoard event files of a run (``output.tensorboard: true``), written as the run goes.
 
 At every flush of the Parquet logs (:meth:`raysim.engine.run.Run._flush`), the rows that flush
-wrote go to ``<output.dir>/tensorboard/``: each numeric column of ``rounds.parquet`` as the
-scalar ``rounds/<column>`` at step ``round`` (null values skipped), and two histograms at the last
-step flushed: ``staleness`` of the updates applied since the previous flush, and
-``participation_per_client``, the applied updates per client so far. A resumed (or restarted)
+wrote (taken from memory just before it) go to ``<output.dir>/tensorboard/``: each numeric column
+of ``rounds.parquet`` as the scalar ``rounds/<column>`` at step ``round`` (null values skipped), and
+two histograms at the last step flushed: ``staleness`` of the updates applied since the previous
+flush, and ``participation_per_client``, the applied updates per client so far. A resumed (or restarted)
 run's writer purges the steps after the rows it kept, so no step is shown twice. Needs the
 ``tensorboard`` package (``pip install tensorboard``, or the ``tensorboard`` extra);
 :func:`check_tensorboard` refuses the key without it before Ray starts.
@@ -51,9 +51,16 @@ def read_rows(out, name: str, first: int, end: int, columns: tuple[str, ...] | N
                                   [c for c in columns if c in file.schema_arrow.names])
                 tables.append(table.slice(max(first - at, 0), min(end, at + n) - max(first, at)))
         at += n
+    return _arrays(pa.concat_tables(tables, promote_options="default"), None) if tables else {}
+
+
+def _arrays(table: pa.Table, columns: tuple[str, ...] | None) -> dict[str, np.ndarray]:
+    """The ``columns`` present in ``table`` (None: all) as arrays; {} when it has no rows."""
+    if table.num_rows == 0:
+        return {}
     from raysim.metrics.report import table_arrays  # matplotlib is imported only with tensorboard on
 
-    return table_arrays(pa.concat_tables(tables, promote_options="default")) if tables else {}
+    return table_arrays(table if columns is None else table.select([c for c in columns if c in table.column_names]))
 
 
 class TensorBoardLog:
@@ -69,11 +76,10 @@ class TensorBoardLog:
         self.participation = np.zeros(0, dtype=np.int64)
         self._count(read_rows(out, "events.parquet", 0, kept["events.parquet"], ("client_id", "status")))
 
-    def write_flushed(self, logs: dict, before: dict) -> None:
-        """Write the rows the logs' last flush wrote: rows ``before[name]`` on of each ParquetLog in
-        ``logs`` (by name)."""
-        self.write({name: read_rows(self.out, name, before[name], logs[name].written, columns)
-                    for name, columns in COLUMNS.items()})
+    def write_flushed(self, unwritten: dict) -> None:
+        """Write the rows a flush of the logs wrote: ``unwritten`` (log name -> its
+        :meth:`raysim.metrics.parquet_log.ParquetLog.unwritten` table, taken just before the flush)."""
+        self.write({name: _arrays(unwritten[name], columns) for name, columns in COLUMNS.items()})
 
     def close(self) -> None:
         """Flush and close the event file."""

@@ -37,7 +37,8 @@ def lstm_last_hidden(lstm: nn.LSTM, x: torch.Tensor) -> torch.Tensor:
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
             outputs.append(h)
-        x = torch.stack(outputs, dim=1)
+        if layer + 1 < lstm.num_layers:  # the next layer's input sequence (the last layer's is not needed)
+            x = torch.stack(outputs, dim=1)
     return h
 
 
