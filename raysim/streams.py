@@ -21,6 +21,7 @@ import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
 MAX_ID = 2 ** 32 - 1
+STREAMS_AT_ONCE = 4096  # callers that need a stream per client of many build them in batches of this size
 
 
 class Purpose(IntEnum):
@@ -117,8 +118,30 @@ def streams(seed: int, purpose: Purpose, ids) -> list:
         seed_sequence(seed, purpose, *ids[bad.any(1).argmax()])  # raises the one-stream error
     run = _words(int(seed))
     run += [0] * (_POOL - len(run))  # a spawn key follows: the run entropy is padded to the pool size
-    key = np.broadcast_to(np.array(run + [int(purpose), ids.shape[1]], dtype=np.uint32), (len(ids), len(run) + 2))
-    entropy = np.concatenate([key, ids.astype(np.uint32)], axis=1)
+    return _generators(_entropy(run + [int(purpose), ids.shape[1]], ids))
+
+
+def keyed_streams(seed: int, keys) -> list:
+    """``[np.random.default_rng([seed, k]) for k in keys]`` (the ``gaussian_mixture`` law's client
+    streams, see the module doc), hashed at once as :func:`streams` does."""
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    if len(keys) < _VECTOR_MIN or ((keys < 0) | (keys > MAX_ID)).any():  # numpy's own words, or its error
+        return [np.random.default_rng([int(seed), k]) for k in keys.tolist()]
+    return _generators(_entropy(_words(int(seed)), keys[:, None]))
+
+
+def _entropy(prefix: list, ids: np.ndarray) -> np.ndarray:
+    """The entropy words of N streams, [N, len(prefix) + k]: the 32-bit words ``prefix`` they share,
+    then their ids [N, k] (each in [0, MAX_ID], one word)."""
+    key = np.broadcast_to(np.array(prefix, dtype=np.uint32), (len(ids), len(prefix)))
+    return np.concatenate([key, ids.astype(np.uint32)], axis=1)
+
+
+def _generators(entropy: np.ndarray) -> list:
+    """One Generator per row of entropy words [N, m], as ``SeedSequence`` seeds PCG64 from them (an
+    entropy shorter than the pool is mixed as if padded with zero words)."""
+    if entropy.shape[1] < _POOL:
+        entropy = np.pad(entropy, ((0, 0), (0, _POOL - entropy.shape[1])))
     pool = _hashmix(entropy[:, :_POOL], 0, _POOL)
     j = _POOL
     for src in range(_POOL):  # every word of the pool mixed into every other

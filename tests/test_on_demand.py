@@ -65,13 +65,28 @@ def test_cache_keeps_at_most_its_budget_and_the_latest_clients():
     one_client = 60 * 4 * 70 + 8 * 70  # features and labels of a gaussian_mixture client with 60 + 10 rows
     lazy = GeneratedDataset.create(GaussianMixtureLaw(0), 1000, cache_mb=3 * one_client / 2 ** 20)
     for k in (151, 302, 453, 604):  # clients with 50 training rows: 60 rows each
-        lazy.client(k)
+        lazy.clients([k])
     assert list(lazy._cache) == [302, 453, 604] and lazy._cached_bytes <= lazy.cache_bytes
-    again = lazy.client(302)
+    [again] = lazy.clients([302])
     assert again is lazy._cache[302] and list(lazy._cache) == [453, 604, 302]
     none = GeneratedDataset.create(GaussianMixtureLaw(0), 10, cache_mb=0)
-    none.client(3)
+    none.clients([3])
     assert not none._cache
+
+
+def test_clients_asked_for_together_are_all_returned_when_the_cache_cannot_hold_them():
+    """A batch larger than the cache: clients it holds are taken before the new ones evict them,
+    a client asked for twice is built once, and every row equals the client built alone."""
+    one_client = 60 * 4 * 70 + 8 * 70
+    lazy = GeneratedDataset.create(GaussianMixtureLaw(0), 1000, cache_mb=2 * one_client / 2 ** 20)
+    lazy.clients([151, 302])
+    ids = [302, 453, 151, 604, 755, 453, 906, 1, 2, 3, 4]  # more than _VECTOR_MIN new ones: streams hashed at once
+    got = lazy.clients(ids)
+    alone = GeneratedDataset.create(GaussianMixtureLaw(0), 1000)
+    for k, (x, y) in zip(ids, got):
+        [(x1, y1)] = alone.clients([k], keep=False)
+        assert np.array_equal(x, x1) and np.array_equal(y, y1)
+    assert got[1] is got[5] and 0 < lazy._cached_bytes <= lazy.cache_bytes
 
 
 def test_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
@@ -142,7 +157,7 @@ def test_bad_on_demand_and_eval_clients_values(tmp_path):
 
 def test_synthetic_images_have_the_shape_and_classes_asked_for():
     law = SyntheticImagesLaw(0, 6, [2, 8, 4], 3, 0.25)
-    x, y = law.rows(5, 6, 2)
+    x, y = law.rows(5, 6, 2, *law.client_streams([5]))
     assert x.shape == (8, 2 * 8 * 4) and x.dtype == np.float32 and set(y.tolist()) <= {0, 1, 2}
     assert law.sizes(4)[1].tolist() == [2] * 4  # 6 training rows are 75%: 2 test rows
     prototypes = law.prototypes.reshape(3, 2, 8, 4)

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from raysim.streams import MAX_ID, Purpose, seed_sequence, stream, streams
+from raysim.streams import MAX_ID, Purpose, keyed_streams, seed_sequence, stream, streams
 
 
 def _fingerprint(rng: np.random.Generator) -> tuple:
@@ -71,6 +71,26 @@ def test_streams_built_at_once_are_the_streams_built_one_by_one(seed, arity):
             expected = [g.integers(0, 2 ** 63, size=3).tolist() + [g.standard_normal()]
                         for g in (stream(seed, purpose, *row) for row in ids.tolist())]
             assert got == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2 ** 32 - 1, 2 ** 32, 2 ** 40 + 7, 2 ** 130 + 11])
+def test_keyed_streams_are_default_rng_of_seed_and_key(seed):
+    """The gaussian_mixture law's streams, hashed at once: entropy of two to six words (shorter than
+    numpy's pool, or longer), keys 0 … MAX_ID; keys numpy would split into two words, or reject,
+    take numpy's own path."""
+    rng = np.random.default_rng(seed % 997)
+    for count in (1, 7, 8, 40):
+        keys = rng.integers(0, MAX_ID + 1, size=count)
+        keys[0], keys[-1] = 0, MAX_ID
+        got = [g.integers(0, 2 ** 63, size=3).tolist() + [g.standard_normal()] for g in keyed_streams(seed, keys)]
+        expected = [g.integers(0, 2 ** 63, size=3).tolist() + [g.standard_normal()]
+                    for g in (np.random.default_rng([seed, k]) for k in keys.tolist())]
+        assert got == expected
+    wide = np.arange(10) + MAX_ID - 4
+    assert [g.random() for g in keyed_streams(seed, wide)] == [np.random.default_rng([seed, k]).random()
+                                                               for k in wide.tolist()]
+    with pytest.raises(ValueError):
+        keyed_streams(seed, np.arange(10) - 1)
 
 
 def test_streams_check_their_ids_as_stream_does():

@@ -22,6 +22,7 @@ import pyarrow as pa
 from raysim.data.federated import ClientRows, FederatedDataset, packed_offsets, split_rows
 from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
 from raysim.data.saddle import SaddleLaw
+from raysim.streams import STREAMS_AT_ONCE
 
 CACHE_MB = 128  # data.cache_mb's default: built rows a host keeps, per process
 ON_DEMAND_ABOVE = 1 << 30  # data.on_demand: auto builds rows on demand when the whole table would exceed this
@@ -29,7 +30,8 @@ ON_DEMAND_ABOVE = 1 << 30  # data.on_demand: auto builds rows on demand when the
 
 # The generators that build one client at a time, by data.kind: a law class has ``name``,
 # ``num_classes``, ``feature_shape``, ``from_config(data_cfg, seed)``, ``Law(seed, **params)``,
-# ``sizes(num_clients)`` and ``rows(k, n_train, n_test)``.
+# ``sizes(num_clients)``, ``client_streams(clients)`` (each client's stream, built at once) and
+# ``rows(k, n_train, n_test, rng)`` (client k's rows, drawn from its stream).
 LAWS = {law.name: law for law in (GaussianMixtureLaw, LeafSyntheticLaw, SaddleLaw, SyntheticImagesLaw)}
 
 
@@ -91,20 +93,36 @@ class GeneratedDataset:
         """int64 ``[num_clients]``: test rows per client."""
         return self._test
 
-    def client(self, k: int, keep: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``k``'s rows (train then test): float32 features ``[n, D]`` and int64 labels, from
-        the cache or built now (and, with ``keep``, cached, evicting the least recently used clients)."""
-        if k in self._cache:
-            self._cache.move_to_end(k)
-            return self._cache[k]
-        rows = self.law.rows(k, int(self._train[k]), int(self._test[k]))
+    def clients(self, client_ids, keep: bool = True) -> list:
+        """Each client's rows (train then test): float32 features ``[n, D]`` and int64 labels, from
+        the cache or built now (the streams of those not cached at once; with ``keep``, cached,
+        evicting the least recently used clients)."""
+        ids = [int(k) for k in client_ids]
+        found = {}
+        for k in ids:  # taken before anything new is cached: caching may evict them
+            if k in self._cache:
+                self._cache.move_to_end(k)
+                found[k] = self._cache[k]
+        for k, rows in self._build([k for k in dict.fromkeys(ids) if k not in found]):
+            found[k] = rows
+            if keep:
+                self._keep(k, rows)
+        return [found[k] for k in ids]
+
+    def _build(self, clients: list):
+        """(k, rows of k) for each of ``clients``, their streams built a batch at a time."""
+        for start in range(0, len(clients), STREAMS_AT_ONCE):
+            batch = clients[start:start + STREAMS_AT_ONCE]
+            for k, rng in zip(batch, self.law.client_streams(batch)):
+                yield k, self.law.rows(k, int(self._train[k]), int(self._test[k]), rng)
+
+    def _keep(self, k: int, rows: tuple) -> None:
         size = rows[0].nbytes + rows[1].nbytes
-        if keep and size <= self.cache_bytes:
+        if size <= self.cache_bytes:
             while self._cached_bytes + size > self.cache_bytes:
                 _, (x, y) = self._cache.popitem(last=False)
                 self._cached_bytes -= x.nbytes + y.nbytes
             self._cache[k], self._cached_bytes = rows, self._cached_bytes + size
-        return rows
 
     def rows_of(self, client_ids, split: str = "all", keep: bool = True) -> ClientRows:
         """The ``split`` rows ('all', 'train' or 'test') of the given clients, built as needed (and
@@ -116,8 +134,7 @@ class GeneratedDataset:
         packed = packed_offsets(local, lo, hi)
         total = int(packed[-1, 2]) if len(ids) else 0
         features, labels = np.empty((total, self.num_features), np.float32), np.empty(total, np.int64)
-        for k, a, b, (start, _, end) in zip(ids.tolist(), lo, hi, packed):  # one client's rows at a time
-            x, y = self.client(k, keep)
+        for (x, y), a, b, (start, _, end) in zip(self.clients(ids, keep), lo, hi, packed):
             features[start:end], labels[start:end] = x[a:b], y[a:b]
         return ClientRows(features, labels, packed)
 
@@ -130,9 +147,9 @@ class GeneratedDataset:
         y = np.empty(int(ends[-1]), dtype=np.int64)
 
         def fill(clients: np.ndarray) -> None:
-            for k in clients.tolist():
+            for k, built in self._build(clients.tolist()):
                 rows = slice(int(ends[k] - sizes[k]), int(ends[k]))
-                x[rows], y[rows] = self.law.rows(k, int(self._train[k]), int(self._test[k]))
+                x[rows], y[rows] = built
 
         workers = min(8, os.cpu_count() or 1)
         with ThreadPoolExecutor(workers) as pool:

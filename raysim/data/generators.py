@@ -10,7 +10,7 @@ from raysim.data._checks import check_count, check_num_clients, check_test_fract
 from raysim.data.federated import FederatedDataset
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
-from raysim.streams import Purpose, stream
+from raysim.streams import STREAMS_AT_ONCE, Purpose, keyed_streams, stream, streams
 
 _DIM, _CLASSES = 60, 10
 _GM_TRAIN, _GM_STEP, _GM_SPREAD, _GM_TEST = 50, 37, 151, 10  # gaussian_mixture client k: 50 + (37 k mod 151) train rows
@@ -55,21 +55,22 @@ class GaussianMixtureLaw:
         train = _GM_TRAIN + (_GM_STEP * np.arange(check_num_clients(num_clients), dtype=np.int64)) % _GM_SPREAD
         return train, np.full(num_clients, _GM_TEST, dtype=np.int64)
 
-    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``k``'s rows, train then test."""
-        rng = np.random.default_rng([self.seed, k])
+    def client_streams(self, clients) -> list:
+        """The stream of each client: ``default_rng([seed, k])``."""
+        return keyed_streams(self.seed, clients)
+
+    def rows(self, k: int, n_train: int, n_test: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test, drawn from its stream ``rng``."""
         n = n_train + n_test
-        shift = rng.normal(0.0, 0.5, size=_DIM)
-        p = rng.dirichlet(0.5 * np.ones(_CLASSES))
+        shifted = self.means + rng.normal(0.0, 0.5, size=_DIM)  # mu_y + s for every class y
         # rng.choice(_CLASSES, size=n, p=p) without its checks of p (a Dirichlet draw always passes
         # them): the same uniforms and the same inverse-CDF search, so the same labels
-        cdf = p.cumsum()
+        cdf = rng.dirichlet(np.full(_CLASSES, 0.5)).cumsum()
         cdf /= cdf[-1]
         labels = cdf.searchsorted(rng.random(n), side="right")
-        block = self.means[labels]
-        block += shift
-        block += rng.normal(0.0, 1.0, size=(n, _DIM))
-        return block.astype(np.float32), labels.astype(np.int64)
+        x = np.empty((n, _DIM), dtype=np.float32)  # the float64 sum, rounded once to float32
+        np.add(shifted[labels], rng.standard_normal((n, _DIM)), out=x, casting="unsafe")  # normal(0, 1): 0 + 1·z is z
+        return x, labels.astype(np.int64, copy=False)
 
 
 def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
@@ -109,16 +110,22 @@ class LeafSyntheticLaw:
         """The law of the scenario's ``data`` keys."""
         return cls(seed, data_cfg.alpha, data_cfg.beta, data_cfg.test_fraction, data_cfg.iid)
 
+    def client_streams(self, clients) -> list:
+        """The stream of each client: ``(Purpose.LEAF_SYNTHETIC, k)``."""
+        return streams(self.seed, Purpose.LEAF_SYNTHETIC, np.asarray(clients, dtype=np.int64).reshape(-1, 1))
+
     def sizes(self, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
         """(train, test) rows of every client (the first draw of each client's stream)."""
-        n = np.array([int(stream(self.seed, Purpose.LEAF_SYNTHETIC, k).lognormal(4.0, 2.0)) + 50
-                      for k in range(check_num_clients(num_clients))], dtype=np.int64)
+        num_clients = check_num_clients(num_clients)
+        n = np.empty(num_clients, dtype=np.int64)
+        for start in range(0, num_clients, STREAMS_AT_ONCE):
+            clients = np.arange(start, min(num_clients, start + STREAMS_AT_ONCE))
+            n[clients] = [int(rng.lognormal(4.0, 2.0)) + 50 for rng in self.client_streams(clients)]
         train = np.maximum(1, n - np.array([round(self.params["test_fraction"] * v) for v in n.tolist()], np.int64))
         return train, n - train
 
-    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``k``'s rows, train then test."""
-        rng = stream(self.seed, Purpose.LEAF_SYNTHETIC, k)
+    def rows(self, k: int, n_train: int, n_test: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test, drawn from its stream ``rng``."""
         n = int(rng.lognormal(4.0, 2.0)) + 50
         u = rng.normal(0.0, self.params["alpha"])
         b_mean = rng.normal(0.0, self.params["beta"])
@@ -184,9 +191,12 @@ class SyntheticImagesLaw:
         return (np.full(num_clients, self.params["samples_per_client"], dtype=np.int64),
                 np.full(num_clients, self.test_rows, dtype=np.int64))
 
-    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``k``'s rows, train then test (flattened images)."""
-        rng = stream(self.seed, Purpose.SYNTHETIC_IMAGES, k)
+    def client_streams(self, clients) -> list:
+        """The stream of each client: ``(Purpose.SYNTHETIC_IMAGES, k)``."""
+        return streams(self.seed, Purpose.SYNTHETIC_IMAGES, np.asarray(clients, dtype=np.int64).reshape(-1, 1))
+
+    def rows(self, k: int, n_train: int, n_test: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test (flattened images), drawn from its stream ``rng``."""
         n = n_train + n_test
         shift = rng.normal(0.0, 0.2)
         labels = rng.integers(0, self.num_classes, size=n)

@@ -14,7 +14,7 @@ import numpy as np
 
 from raysim.data._checks import check_count, check_num_clients, check_test_fraction, test_rows_beside
 from raysim.data.federated import FederatedDataset
-from raysim.streams import Purpose, stream
+from raysim.streams import Purpose, streams
 
 MEAN_LOW, MEAN_HIGH = 0.5, 1.5  # m_k ~ U[MEAN_LOW, MEAN_HIGH]
 
@@ -49,9 +49,12 @@ class SaddleLaw:
         num_clients = check_num_clients(num_clients)
         return np.full(num_clients, n_train, dtype=np.int64), np.full(num_clients, n_test, dtype=np.int64)
 
-    def rows(self, k: int, n_train: int, n_test: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``k``'s rows, train then test."""
-        rng = stream(self.seed, Purpose.SADDLE_CLIENT, k)
+    def client_streams(self, clients) -> list:
+        """The stream of each client: ``(Purpose.SADDLE_CLIENT, k)``."""
+        return streams(self.seed, Purpose.SADDLE_CLIENT, np.asarray(clients, dtype=np.int64).reshape(-1, 1))
+
+    def rows(self, k: int, n_train: int, n_test: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s rows, train then test, drawn from its stream ``rng``."""
         n = n_train + n_test
         mean = rng.uniform(MEAN_LOW, MEAN_HIGH)
         gamma = rng.choice([-1.0, 1.0], size=n)

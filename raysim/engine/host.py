@@ -122,8 +122,7 @@ class ClientHost:
 
     def _build_rows(self, client_ids: tuple) -> None:
         """Put the rows of ``client_ids`` in the data set's cache."""
-        for k in client_ids:
-            self.dataset.client(int(k))
+        self.dataset.clients(client_ids)
 
     def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)
