@@ -288,6 +288,28 @@ def test_sample_available_is_one_function_whatever_the_batch_sizes():
     assert set(m.sample_available(1234.0, 0, 10)) <= set(expected[0])  # smaller samples nest
 
 
+@pytest.mark.parametrize("overrides", [[], ["availability.kind=bernoulli", "availability.p=0.3"]])
+def test_sampling_streams_built_with_the_next_counters_give_the_samples_of_each_counter_alone(overrides):
+    """Sampling orders (and Bernoulli coin keys) are built COUNTERS_AT_ONCE counters at a time: a
+    counter's sample does not depend on where its batch started, its order's keys are the first draws
+    of its own stream, and the head evaluated with the batch is the order evaluated alone."""
+    from raysim.streams import Purpose, stream
+    from raysim.system.model import COUNTERS_AT_ONCE, _RandomOrder
+
+    busy = np.random.default_rng(0).random(20000) < 0.5
+    scattered = model(20000, *overrides, seed=2)
+    for counter in (0, 1, COUNTERS_AT_ONCE - 1, COUNTERS_AT_ONCE, 200, 5, 2 ** 32 - 1, 130):
+        alone = model(20000, *overrides, seed=2)  # its batch starts at this counter
+        for k in (1, 5):
+            got = scattered.sample_available(0.0, counter, k, busy, int(busy.sum()))
+            assert np.array_equal(got, alone.sample_available(0.0, counter, k, busy, int(busy.sum()))), (counter, k)
+    order = scattered._per_counter(Purpose.SYSTEM_SAMPLE, 130, None)
+    assert np.array_equal(order.keys, stream(2, Purpose.SYSTEM_SAMPLE, 130).integers(0, 2 ** 64, size=8, dtype=np.uint64))
+    assert np.array_equal(order.slice(0, _RandomOrder.HEAD), _RandomOrder(20000, order.keys).slice(0, _RandomOrder.HEAD))
+    with pytest.raises(ValueError, match="stream id 4294967296 of SYSTEM_SAMPLE"):
+        scattered.sample_available(0.0, 2 ** 32, 1)
+
+
 def test_sample_available_is_uniform():
     m = model(5, seed=11)
     counts = {pair: 0 for pair in itertools.combinations(range(5), 2)}

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.streams import Purpose, stream, streams
+from raysim.streams import MAX_ID, Purpose, stream, streams
 from raysim.system.config import byzantine_count
 from raysim.system.traces import load_availability_trace, load_compute_trace
 from raysim.system.validate import check_byzantine_ids, validate_system
+
+COUNTERS_AT_ONCE = 64  # dispatch counters whose sampling (and Bernoulli) streams are built together
 
 # Profile field -> j of its stream (Purpose.SYSTEM_PROFILE, j). Never renumber: add new j's.
 PROFILE_STREAMS = {"speed": 0, "tier": 1, "slow": 2, "net_tier": 3, "down_mbps": 4, "up_mbps": 5,
@@ -67,7 +69,7 @@ class SystemModel:
         self._draw_availability()
         self._draw_unreliable()
         self._draw_byzantine()
-        self._coins_counter, self._coin_key = None, None  # the latest counter and its Bernoulli coins' hash key
+        self._by_counter: dict = {}  # purpose -> {dispatch counter: what its stream gave}, see _per_counter
 
     # ------------------------------------------------------------------ static profiles
 
@@ -203,10 +205,9 @@ class SystemModel:
         if a.kind == "always":
             return np.ones(ids.shape, dtype=bool)
         if a.kind == "bernoulli":
-            if self._coins_counter != counter:
-                key = stream(self.seed, Purpose.SYSTEM_AVAILABILITY, int(counter)).integers(0, 2 ** 64, dtype=np.uint64)
-                self._coins_counter, self._coin_key = counter, key
-            return _uniforms(self._coin_key, ids) < a.p
+            key = self._per_counter(Purpose.SYSTEM_AVAILABILITY, counter,
+                                    lambda rngs: [rng.integers(0, 2 ** 64, dtype=np.uint64) for rng in rngs])
+            return _uniforms(key, ids) < a.p
         if a.kind == "diurnal":
             return np.mod(t / a.period + self.profile["phase"][ids], 1.0) < a.on_fraction
         return self._intervals.active(ids, t)  # trace
@@ -225,7 +226,7 @@ class SystemModel:
         about 1 ms for N = 1,000,000 and k = 100 when everyone is available, and
         a few passes over N (tens of ms) only when almost nobody is.
         """
-        order = _RandomOrder(self.num_clients, stream(self.seed, Purpose.SYSTEM_SAMPLE, int(counter)))
+        order = self._per_counter(Purpose.SYSTEM_SAMPLE, counter, lambda rngs: _RandomOrder.keyed(self.num_clients, rngs))
         if exclude is not None and exclude.dtype == bool:  # a mask over all clients: O(1) lookups
             mask = exclude
             n_excluded = int(np.count_nonzero(exclude)) if excluded_count is None else excluded_count
@@ -246,6 +247,18 @@ class SystemModel:
             need -= len(chosen[-1])
             position, batch = position + batch, 2 * batch
         return np.sort(np.concatenate(chosen))
+
+    def _per_counter(self, purpose: Purpose, counter: int, build):
+        """``build(rngs)[i]`` for ``rngs[i]``, the stream ``(purpose, counter)``. Dispatch counters come
+        one after another, so the streams of the next ``COUNTERS_AT_ONCE - 1`` counters are built and
+        used in the same vectorized pass, and kept until a counter outside them is asked for."""
+        counter = int(counter)
+        kept = self._by_counter.get(purpose, {})
+        if counter not in kept:
+            counters = np.arange(counter, max(counter + 1, min(counter + COUNTERS_AT_ONCE, MAX_ID + 1)))
+            kept = self._by_counter[purpose] = dict(zip(counters.tolist(), build(streams(self.seed, purpose,
+                                                                                         counters[:, None]))))
+        return kept[counter]
 
     def next_available_time(self, t: float) -> float:
         """The earliest virtual time >= t at which some client is available; ``math.inf`` if never.
@@ -331,21 +344,37 @@ class _RandomOrder:
     """
 
     ROUNDS = 8
+    HEAD = 64  # positions :meth:`keyed` evaluates up front, for the orders of several counters at once
 
-    def __init__(self, n: int, rng: np.random.Generator):
+    def __init__(self, n: int, keys: np.ndarray, head: np.ndarray | None = None):
+        """``keys``: the rounds' keys (uint64 ``[ROUNDS]``); ``head``: the network's values at the first
+        positions, if computed already."""
         bits = max(2, (n - 1).bit_length())
         bits += bits % 2
         self.n, self.domain = n, 1 << bits
         self.half, self.mask = np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
-        self.keys = rng.integers(0, 2 ** 64, size=self.ROUNDS, dtype=np.uint64)
+        self.keys, self.head = keys, head
+
+    @classmethod
+    def keyed(cls, n: int, rngs: list) -> list:
+        """One order per generator (its keys are the generator's first ``ROUNDS`` 64-bit draws), the
+        first ``HEAD`` positions of all of them evaluated in one pass."""
+        keys = np.stack([rng.integers(0, 2 ** 64, size=cls.ROUNDS, dtype=np.uint64) for rng in rngs])
+        first = cls(n, keys)
+        heads = first._feistel(np.arange(min(cls.HEAD, first.domain), dtype=np.uint64)[None, :])
+        return [cls(n, k, head) for k, head in zip(keys, heads)]
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
+        """The network at positions ``x`` (its rows under the rows of keys, if ``keys`` has several)."""
         left, right = x >> self.half, x & self.mask
-        for key in self.keys:
-            left, right = right, left ^ (_mix((right + key) * _GOLDEN) & self.mask)
+        for r in range(self.ROUNDS):
+            left, right = right, left ^ (_mix((right + self.keys[..., r, None]) * _GOLDEN) & self.mask)
         return (left << self.half) | right
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         """The clients at domain positions start..stop-1 of the order (values >= n left out)."""
-        y = self._feistel(np.arange(start, stop, dtype=np.uint64))
+        if self.head is not None and stop <= len(self.head):
+            y = self.head[start:stop]
+        else:
+            y = self._feistel(np.arange(start, stop, dtype=np.uint64))
         return y[y < np.uint64(self.n)].astype(np.int64)
