@@ -30,6 +30,7 @@ the scheduler keeps it and hands it back, as ``ctx.states``, the next time that 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,7 +80,7 @@ class ClientUpdates:
         """Index of the first client (in row order) with a non-finite loss or update, or None."""
         tensors = (self.vector, *self.extras.values())
         # a sum is finite only if every term is (a finite sum that overflows is checked row by row)
-        if np.isfinite(self.train_loss).all() and all(bool(torch.isfinite(t.sum())) for t in tensors):
+        if np.isfinite(self.train_loss).all() and all(math.isfinite(t.sum()) for t in tensors):
             return None
         bad = ~np.isfinite(self.train_loss)
         for tensor in tensors:
@@ -435,7 +436,7 @@ class Algorithm:
         steps = self.local_steps_of(sizes, client_steps)
         per_step = sizes if (full_batch or self.env.quadratic) else np.minimum(getattr(self.cfg, "batch_size", 1), sizes)
         epochs = getattr(self.cfg, "local_epochs", 1) * sizes
-        return np.where(np.isnan(steps), epochs, np.nan_to_num(steps) * per_step).astype(np.float64)
+        return np.where(np.isnan(steps), epochs, steps * per_step).astype(np.float64, copy=False)
 
     def upload_size(self, payload: dict) -> int:
         """Numbers each client sends to the server per task (the update's entries)."""

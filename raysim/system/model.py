@@ -176,8 +176,7 @@ class SystemModel:
         order, so a task's timing does not depend on the other tasks in the call.
         """
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
-        counters = np.broadcast_to(np.asarray(counters, dtype=np.int64), ids.shape)
-        work = np.broadcast_to(np.asarray(work, dtype=np.float64), ids.shape)
+        counters, work = _per_task(counters, ids, np.int64), _per_task(work, ids, np.float64)
         z, coin, frac = np.empty(len(ids)), np.empty(len(ids)), np.empty(len(ids))
         for i, rng in enumerate(streams(self.seed, Purpose.SYSTEM_TASK, np.stack([ids, counters], 1))):
             z[i], coin[i] = rng.standard_normal(), rng.random()
@@ -309,6 +308,12 @@ class SystemModel:
                    byzantine_clients=int(p["byzantine"].sum()),
                    byzantine_attack=cfg.byzantine.attack if p["byzantine"].any() else None)
         return out
+
+
+def _per_task(values, ids: np.ndarray, dtype) -> np.ndarray:
+    """``values`` as an array aligned with ``ids`` (one value for all of them is repeated)."""
+    values = np.asarray(values, dtype=dtype)
+    return values if values.shape == ids.shape else np.broadcast_to(values, ids.shape)
 
 
 def _constant(value, n: int) -> np.ndarray:
