@@ -70,6 +70,7 @@ class SystemModel:
         self._draw_unreliable()
         self._draw_byzantine()
         self._by_counter: dict = {}  # purpose -> {dispatch counter: what its stream gave}, see _per_counter
+        self._last_sample = (None, None)  # ((t, counter, k), sample) of the latest call without exclusions
 
     # ------------------------------------------------------------------ static profiles
 
@@ -225,6 +226,8 @@ class SystemModel:
         about 1 ms for N = 1,000,000 and k = 100 when everyone is available, and
         a few passes over N (tens of ms) only when almost nobody is.
         """
+        if exclude is None and self._last_sample[0] == (t, counter, k):  # a synchronous round's sample, drawn ahead
+            return self._last_sample[1]
         order = self._per_counter(Purpose.SYSTEM_SAMPLE, counter, lambda rngs: _RandomOrder.keyed(self.num_clients, rngs))
         if exclude is not None and exclude.dtype == bool:  # a mask over all clients: O(1) lookups
             mask = exclude
@@ -245,7 +248,11 @@ class SystemModel:
             chosen.append(candidates[ok][:need])
             need -= len(chosen[-1])
             position, batch = position + batch, 2 * batch
-        return np.sort(np.concatenate(chosen))
+        sample = np.sort(np.concatenate(chosen))
+        if exclude is None:
+            sample.setflags(write=False)  # handed out again for the same arguments
+            self._last_sample = ((t, counter, k), sample)
+        return sample
 
     def _per_counter(self, purpose: Purpose, counter: int, build):
         """``build(rngs)[i]`` for ``rngs[i]``, the stream ``(purpose, counter)``. Dispatch counters come
