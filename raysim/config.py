@@ -33,7 +33,7 @@ DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
                                                     "saddle"))
 SPLIT_KINDS = ("digits", "blobs", *PARTITIONED_FILES)  # centralized data sets that data.partition splits
 SPLIT = when("data.kind", *SPLIT_KINDS)
-GENERATED = when("data.kind", *LAWS)  # generated kinds: their rows can be built per client
+ON_DEMAND = when("data.kind", *LAWS, "quadratic")  # generated kinds: a client's data can be built where it trains
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 
@@ -85,14 +85,14 @@ class DataConfig:
                                   when=when("data.kind", "saddle", "synthetic_images"))
     dim: int = key(1, "saddle: dimension d of the features h (the bilinear model then has d + d² parameters)",
                    check=positive_int, when=SADDLE)
-    on_demand: Any = key("auto", "generated data (gaussian_mixture, leaf_synthetic, saddle, synthetic_images): "
-                                 "build a client's rows where and when it trains (true), every row up front in one "
-                                 "shared table (false), or on demand when that table would exceed 1 GiB (auto); "
-                                 "results are the same either way",
+    on_demand: Any = key("auto", "generated data (gaussian_mixture, leaf_synthetic, saddle, synthetic_images, "
+                                 "quadratic): build a client's data where and when it trains (true), every client's "
+                                 "up front in one shared table (false), or on demand when that table would exceed "
+                                 "1 GiB (auto); results are the same either way",
                          check=Check(lambda v: v is True or v is False or v == "auto", "true, false or auto"),
-                         when=GENERATED)
-    cache_mb: float = key(128.0, "on-demand data: megabytes of built client rows each process keeps for the "
-                                 "clients it saw last", check=non_negative, when=GENERATED)
+                         when=ON_DEMAND)
+    cache_mb: float = key(128.0, "on-demand data: megabytes of built client data each process keeps for the "
+                                 "clients it saw last", check=non_negative, when=ON_DEMAND)
     options: Dict[str, Any] = key(doc="a custom data.kind's keyword arguments", factory=dict)
 
 

@@ -107,14 +107,14 @@ def estimate(cfg) -> Footprint:
     if builds_on_demand(d):  # the sizes table, each process's cache, and the evaluated clients' test rows
         table = table_bytes(d)
         evaluated = min(clients, cfg.eval.clients or clients) / clients
-        test_share = 10 * clients / rows if d.kind == "gaussian_mixture" else d.test_fraction
+        test_share = (10 * clients / rows if d.kind == "gaussian_mixture" else 0.0 if d.kind == "quadratic"
+                      else d.test_fraction)
         data = (clients * SIZE_BYTES * (1 + ray) + min(table, d.cache_mb * 2 ** 20) * (actors + 1)
                 + table * evaluated * test_share)
     elif d.kind == "leaf":  # the parsed JSON dominates; its bytes stand in for the object store's copy too
         data = _leaf_bytes(d.path) * (JSON_PARSE_FACTOR + ray)
     else:
-        data = rows * (ROW_BYTES + 4 * math.prod(features)) if d.kind != "quadratic" else _quadratic_bytes(d)
-        data *= BUILD_FACTOR.get(d.kind, 1.0) + ray  # ray: the object store's copy
+        data = table_bytes(d) * (BUILD_FACTOR.get(d.kind, 1.0) + ray)  # ray: the object store's copy
     model = params * (itemsize * (actors + 1) + 8 * SERVER_VECTORS)
     kept = _kept_vectors(cfg)
     visits = min(clients, _visits(cfg))
@@ -222,7 +222,9 @@ def _resnet18_gn_body(channels: int, height: int, width: int) -> tuple[int, list
 
 
 def table_bytes(d) -> float:
-    """Bytes of the federated table of the data keys ``d`` (every client's rows)."""
+    """Bytes of the federated table of the data keys ``d`` (every client's rows, or statistics)."""
+    if d.kind == "quadratic":
+        return _quadratic_bytes(d)
     rows, features, *_ = _data_shape(d)
     return rows * (ROW_BYTES + 4 * math.prod(features))
 

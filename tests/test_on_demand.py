@@ -66,9 +66,9 @@ def test_cache_keeps_at_most_its_budget_and_the_latest_clients():
     lazy = GeneratedDataset.create(GaussianMixtureLaw(0), 1000, cache_mb=3 * one_client / 2 ** 20)
     for k in (151, 302, 453, 604):  # clients with 50 training rows: 60 rows each
         lazy.clients([k])
-    assert list(lazy._cache) == [302, 453, 604] and lazy._cached_bytes <= lazy.cache_bytes
+    assert list(lazy._cache) == [302, 453, 604] and lazy._cache.nbytes <= lazy._cache.max_bytes
     [again] = lazy.clients([302])
-    assert again is lazy._cache[302] and list(lazy._cache) == [453, 604, 302]
+    assert again is lazy.clients([302])[0] and list(lazy._cache) == [453, 604, 302]
     none = GeneratedDataset.create(GaussianMixtureLaw(0), 10, cache_mb=0)
     none.clients([3])
     assert not none._cache
@@ -86,7 +86,7 @@ def test_clients_asked_for_together_are_all_returned_when_the_cache_cannot_hold_
     for k, (x, y) in zip(ids, got):
         [(x1, y1)] = alone.clients([k], keep=False)
         assert np.array_equal(x, x1) and np.array_equal(y, y1)
-    assert got[1] is got[5] and 0 < lazy._cached_bytes <= lazy.cache_bytes
+    assert got[1] is got[5] and 0 < lazy._cache.nbytes <= lazy._cache.max_bytes
 
 
 def test_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
@@ -108,6 +108,32 @@ def test_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
         sums[on_demand] = (summary["model_sha256"], table.column("test_accuracy").to_pylist(),
                            table.column("test_loss").to_pylist(), table.column("personalized_accuracy").to_pylist())
     assert sums["true"] == sums["false"]
+
+
+def test_quadratic_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
+    """The quadratic problem's statistics built where clients train (a cache of ~3 clients): the
+    same model and the same exact metrics as with every client's statistics kept."""
+    from raysim.data import builds_on_demand
+    from raysim.data.quadratic import OnDemandQuadratic
+
+    ffgg = ["data.kind=quadratic", "model.kind=quadratic", "model.personal=[w]", "algorithm.name=ffgg",
+            "algorithm.local_steps=3", "algorithm.lr_unit=inverse_smoothness", "execution.clients_per_round=8",
+            "eval.every=0"]
+    # auto: at d_theta = 100, d_w = 50 a client's statistics are 138 KiB, so 10^4 clients' exceed 1 GiB
+    assert builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=10000").data)
+    assert not builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=1000").data)
+    quadratic = [*ffgg, "data.n=60", "data.d_theta=6", "data.d_w=3"]
+    results = {}
+    for on_demand in ("true", "false"):
+        run = small_scenario(tmp_path / on_demand, *quadratic, f"data.on_demand={on_demand}", "data.cache_mb=0.002")
+        summary, prepared = execute(run)
+        assert isinstance(prepared.dataset, OnDemandQuadratic) == summary["data_on_demand"] == (on_demand == "true")
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(tmp_path / on_demand / "out" / "rounds.parquet")
+        results[on_demand] = (summary["model_sha256"], *(table.column(c).to_pylist()
+                                                         for c in ("rel_error", "grad_norm_sq", "loss_gap")))
+    assert results["true"] == results["false"]
 
 
 def test_global_evaluation_on_a_seeded_sample(tmp_path):

@@ -1,13 +1,18 @@
 """Tests of raysim.data.quadratic: statistics against the raw matrices, the maths, the Arrow table."""
 
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
-from raysim.data.quadratic import QuadraticProblem, generate_quadratic
+from raysim.data.quadratic import (CLIENTS_AT_ONCE, STATS, OnDemandQuadratic, QuadraticLaw, QuadraticProblem,
+                                   generate_quadratic)
 from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream
 
@@ -92,11 +97,6 @@ def test_best_w_cg_and_gd(problem):
     assert all((later <= earlier * (1 + 1e-9)).all() for earlier, later in zip(errors, errors[1:]))
     assert (errors[1] < errors[0]).all() and (errors[-1] < 1e-20 * errors[0]).all()
 
-    lr = 1.0 / problem.smoothness()["L_w"]
-    one = problem.gd_w(ids, theta, w0, 1, lr)
-    torch.testing.assert_close(one, w0 - lr * problem.grad_w(ids, theta, w0))
-    far = problem.gd_w(ids, theta, w0, 20000, lr)
-    torch.testing.assert_close(far, best, rtol=1e-8, atol=1e-10)
 
 
 def test_cg_stops_on_an_exactly_zero_residual():
@@ -139,32 +139,42 @@ def test_smoothness_constants(problem):
     assert ((diff @ (x - y)) >= diff.square().sum(-1) / got["L"] * (1 - 1e-12)).all()
 
 
-def test_f_min_and_loss_gap(problem):
+def test_minima_and_loss_gap(problem):
+    minima = problem.minima(None)
     for m in range(M):
         H, A, B, b, y, _ = raw_client(m)
         X = np.block([[H, np.zeros((N, DW))], [A, B]])
         z = np.linalg.lstsq(X, np.concatenate([b, y]), rcond=None)[0]
-        assert problem.f_min[m].item() == pytest.approx(raw_value(m, z[:DT], z[DT:]), rel=1e-10)
-    theta, w = rand(DT, seed=10), rand(M, DW, seed=11)
-    gap = problem.loss_gap(theta, w)
-    want = float((problem.value(np.arange(M), theta, w) - problem.f_min).mean())
-    assert gap == pytest.approx(want) and gap > 0
-    assert problem.loss_gap(theta.expand(M, DT), w) == pytest.approx(gap)
+        assert minima[m].item() == pytest.approx(raw_value(m, z[:DT], z[DT:]), rel=1e-10)
+    assert problem.population.f_min == pytest.approx(float(minima.mean()), rel=1e-14)
+    ids, theta, w = np.arange(M), rand(DT, seed=10), rand(M, DW, seed=11)
+
+    def want(w_rows):
+        return float((problem.value(ids, theta, w_rows) - minima).mean())
+
+    gap = problem.loss_gap(theta, w)  # per-client w: evaluated client by client
+    assert gap == pytest.approx(want(w), rel=1e-12) and gap > 0
+    assert problem.loss_gap(theta.expand(M, DT), w) == pytest.approx(gap, rel=1e-12)
+    # a shared model, and a shared theta with each client's best response: from the population's means
+    assert problem.loss_gap(theta, w[0]) == pytest.approx(want(w[0].expand(M, DW)), rel=1e-10)
+    assert problem.loss_gap(theta) == pytest.approx(want(problem.best_w(ids, theta)), rel=1e-10)
+    assert problem.loss_gap(theta.expand(M, DT)) == pytest.approx(problem.loss_gap(theta), rel=1e-10)
 
 
-def test_f_min_of_a_singular_client():
+def test_minima_of_a_singular_client():
     # 2 samples against 9 unknowns: the joint Hessian is singular and every client fits exactly
     p = generate_quadratic(2, 2, DT, DW, SEED)
-    assert torch.isfinite(p.f_min).all()
-    assert (p.f_min.abs() < 1e-12 * p.c).all()
+    assert torch.isfinite(p.minima(None)).all()
+    assert (p.minima(None).abs() < 1e-12 * p.c).all()
 
 
 def test_realizable_problem_has_zero_minimum():
     p = generate_quadratic(M, N, DT, DW, SEED, realizable=True)
-    assert (p.f_min.abs() < 1e-12 * p.c).all()
+    assert (p.minima(None).abs() < 1e-12 * p.c).all()
     theta_true = torch.from_numpy(stream(SEED, Purpose.QUADRATIC_PLANT).random(DT))
     w_true = torch.from_numpy(np.stack([raw_client(m, realizable=True)[5] for m in range(M)]))
     assert abs(p.loss_gap(theta_true, w_true)) < 1e-12 * p.c.mean()
+    assert abs(p.loss_gap(theta_true)) < 1e-12 * p.c.mean()
     torch.testing.assert_close(p.theta_star, theta_true, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(p.best_w(np.arange(M), theta_true), w_true, rtol=1e-8, atol=1e-8)
 
@@ -229,3 +239,69 @@ def test_invalid_sizes_raise():
         generate_quadratic(0, N, DT, DW, SEED)
     with pytest.raises(ScenarioError):
         generate_quadratic(M, 0, DT, DW, SEED)
+
+
+def test_population_has_the_same_bits_however_the_clients_are_held():
+    """More clients than a chunk: the population taken while generating, again from the kept
+    statistics, and from statistics built on demand are equal bit for bit, and are the means and
+    extremes they stand for."""
+    M2 = CLIENTS_AT_ONCE + 6
+    kept = generate_quadratic(M2, 20, 4, 2, seed=3)
+    again = QuadraticProblem(kept.P, kept.q, kept.C, kept.D, kept.e, kept.c, n=20)
+    lazy = OnDemandQuadratic(QuadraticLaw(3, 20, 4, 2), M2, cache_bytes=0)
+    assert again.population.to_json() == kept.population.to_json() == lazy.population.to_json()
+    pop = kept.population
+    for name in ("P", "q", "C", "D", "e"):
+        torch.testing.assert_close(getattr(pop, name), getattr(kept, name).mean(0), rtol=1e-13, atol=0)
+    assert pop.c == pytest.approx(float(kept.c.mean()), rel=1e-14)
+    P, C, D = (getattr(kept, k).numpy() for k in "PCD")
+    schur = [P[m] - C[m] @ np.linalg.inv(D[m]) @ C[m].T for m in range(M2)]
+    np.testing.assert_allclose(pop.S.numpy(), np.mean(schur, 0), rtol=1e-10)
+    assert pop.L == pytest.approx(max(np.linalg.eigvalsh(k)[-1] for k in schur), rel=1e-10)
+    assert pop.mu_w == pytest.approx(min(np.linalg.eigvalsh(d)[0] for d in D), rel=1e-10)
+
+
+def test_statistics_built_on_demand_equal_the_kept_ones():
+    M2 = CLIENTS_AT_ONCE + 6
+    kept = generate_quadratic(M2, 20, 4, 2, seed=3, realizable=True)
+    law = QuadraticLaw(3, 20, 4, 2, realizable=True)
+    one_client = sum(part.nbytes for part in law.client(0))
+    lazy = OnDemandQuadratic(law, M2, cache_bytes=3 * one_client, population=kept.population)
+    ids = [M2 - 1, 0, 5, 0]
+    for name, got, want in zip(STATS, lazy.subset(ids)._take(None), kept.subset(ids)._take(None)):
+        assert torch.equal(got, want), name
+    ids, theta, w = np.arange(M2), rand(M2, 4, seed=1), rand(M2, 2, seed=2)
+    assert torch.equal(lazy.value(ids, theta, w), kept.value(ids, theta, w))
+    assert torch.equal(lazy.best_w(ids, theta), kept.best_w(ids, theta))
+    for args in ((theta, w), (theta[0], w[0]), (theta[0],), (theta,)):
+        assert lazy.loss_gap(*args) == kept.loss_gap(*args)
+    assert torch.equal(lazy.theta_star, kept.theta_star) and lazy.smoothness() == kept.smoothness()
+    # the cache keeps the latest clients within its budget; evaluation went through it too
+    lazy.clients([1, 2, 3, 4])
+    assert list(lazy._cache) == [2, 3, 4] and lazy._cache.nbytes == 3 * one_client
+
+
+def test_an_on_demand_problem_travels_as_a_table_without_rows():
+    lazy = OnDemandQuadratic(QuadraticLaw(3, 20, 4, 2), 9, cache_bytes=2 ** 20)
+    table = lazy.table
+    assert table.num_rows == 0 and table.schema.metadata[b"kind"] == b"quadratic"
+    back = pickle.loads(pickle.dumps(lazy))
+    assert isinstance(back, OnDemandQuadratic) and back.on_demand and not generate_quadratic(2, 5, 2, 1, 0).on_demand
+    assert back.population.to_json() == lazy.population.to_json()
+    assert (back.num_clients, back.n, back.d_theta, back.d_w, back.cache_bytes) == (9, 20, 4, 2, 2 ** 20)
+    assert torch.equal(back.subset([8]).P, lazy.subset([8]).P)
+
+
+def test_statistics_do_not_depend_on_the_machines_blas_threads():
+    """numpy's BLAS splits the sums of A'B and A'y over its threads (their last bits follow the
+    thread count), so a client's statistics are reduced on one: an actor with one thread and a
+    driver with several build the same bytes."""
+    code = ("import pickle, sys; from raysim.data.quadratic import QuadraticLaw; "
+            "sys.stdout.buffer.write(pickle.dumps(QuadraticLaw(0, 10000, 100, 50).client(1)))")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    alone = pickle.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                        check=True).stdout)
+    with threadpool_limits(4, user_api="blas"):
+        here = QuadraticLaw(0, 10000, 100, 50).client(1)
+    for name, a, b in zip(STATS, alone, here):
+        assert np.array_equal(a, b), name

@@ -64,7 +64,8 @@ MODES = {
                                 "data.realizable=true", "model.kind=quadratic", "model.personal=[w]",
                                 "algorithm.name=ffgg", "algorithm.finetuner=cg", "algorithm.local_steps=2",
                                 "algorithm.lr_unit=inverse_smoothness", "algorithm.server_lr=0.5",
-                                "execution.mode=async", "execution.concurrency=12", "execution.max_updates=40"],
+                                "execution.mode=async", "execution.concurrency=12", "execution.max_updates=40",
+                                "data.on_demand=true", "data.cache_mb=0.01"],  # statistics of ~17 clients kept
     "fedacg": ["algorithm.name=fedacg", "execution.rounds=4", "execution.clients_per_round=20",
                "runtime.clients_per_task=3"],
     "feddyn_stateful": ["algorithm.name=feddyn", "execution.rounds=4", "execution.clients_per_round=20",

@@ -276,30 +276,25 @@ class QuadraticOracle:
     step sees the client's whole objective."""
 
     def __init__(self, problem, client_ids: np.ndarray, plan: StepPlan | None):
-        self.problem, self.ids, self.plan = problem, client_ids, plan
+        self.problem, self.plan = problem.subset(client_ids), plan  # the task's clients, taken once
         self.d = problem.d_theta
 
     def gradient(self, params: torch.Tensor, s: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         theta, w = params[:, :self.d], params[:, self.d:]
-        grads = torch.cat([self.problem.grad_theta(self.ids, theta, w), self.problem.grad_w(self.ids, theta, w)], 1)
-        return grads, self.problem.value(self.ids, theta, w)
+        grads = torch.cat([self.problem.grad_theta(None, theta, w), self.problem.grad_w(None, theta, w)], 1)
+        return grads, self.problem.value(None, theta, w)
 
     def full_gradient(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.gradient(params, None)
 
     def hvp(self, params: torch.Tensor, vectors: torch.Tensor, s: int | None) -> torch.Tensor:
         """The Hessian [[P, C], [Cᵀ, D]] of each client times its row of ``vectors``."""
-        v_theta, v_w = vectors[:, :self.d], vectors[:, self.d:]
-        p = self.problem
-        ids = torch.as_tensor(self.ids, dtype=torch.int64)
-        top = (p.P[ids] @ v_theta.unsqueeze(-1) + p.C[ids] @ v_w.unsqueeze(-1)).squeeze(-1)
-        bottom = (p.C[ids].mT @ v_theta.unsqueeze(-1) + p.D[ids] @ v_w.unsqueeze(-1)).squeeze(-1)
-        return torch.cat([top, bottom], 1)
+        return self.problem.hvp(None, vectors[:, :self.d], vectors[:, self.d:])
 
     def solve_personal(self, params: torch.Tensor, how: str, steps: int) -> torch.Tensor:
         """``params`` with w replaced by the exact best response (``exact``) or ``steps``
         conjugate-gradient iterations from the current w (``cg``)."""
         theta = params[:, :self.d]
-        w = (self.problem.best_w(self.ids, theta) if how == "exact"
-             else self.problem.cg_w(self.ids, theta, params[:, self.d:], steps))
+        w = (self.problem.best_w(None, theta) if how == "exact"
+             else self.problem.cg_w(None, theta, params[:, self.d:], steps))
         return torch.cat([theta, w], 1)

@@ -101,8 +101,11 @@ def build_dataset(data_cfg, seed: int):
         return digits(data_cfg.num_clients, data_cfg.partition, data_cfg.test_fraction, seed,
                       feature_shift=data_cfg.feature_shift, concept_shift=data_cfg.concept_shift)
     if kind == "quadratic":
-        from raysim.data.quadratic import generate_quadratic
+        from raysim.data.quadratic import OnDemandQuadratic, QuadraticLaw, generate_quadratic
 
+        if builds_on_demand(data_cfg):
+            law = QuadraticLaw(seed, data_cfg.n, data_cfg.d_theta, data_cfg.d_w, data_cfg.realizable)
+            return OnDemandQuadratic(law, data_cfg.num_clients, int(data_cfg.cache_mb * 2 ** 20))
         return generate_quadratic(data_cfg.num_clients, data_cfg.n, data_cfg.d_theta, data_cfg.d_w, seed,
                                   realizable=data_cfg.realizable)
     if kind == "parquet":
@@ -128,9 +131,9 @@ def _law(data_cfg, seed: int):
 
 
 def builds_on_demand(data_cfg) -> bool:
-    """Whether a generated data set builds rows per client on demand (``data.on_demand``; auto: when
-    the whole table would exceed :data:`~raysim.data.generated.ON_DEMAND_ABOVE` bytes)."""
-    if data_cfg.kind not in LAWS:
+    """Whether a generated data set builds each client's data on demand (``data.on_demand``; auto:
+    when the whole table would exceed :data:`~raysim.data.generated.ON_DEMAND_ABOVE` bytes)."""
+    if data_cfg.kind not in LAWS and data_cfg.kind != "quadratic":
         return False
     if data_cfg.on_demand == "auto":
         from raysim.footprint import table_bytes

@@ -74,6 +74,7 @@ class FederatedDataset:
     ``features()`` and ``labels()`` are read-only zero-copy views of the Arrow buffers.
     """
 
+    on_demand = False  # rows built per client where they are needed (GeneratedDataset)
     table: pa.Table
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
+from raysim.data.cache import ClientCache
 from raysim.data.federated import ClientRows, FederatedDataset, packed_offsets, split_rows
 from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
 from raysim.data.saddle import SaddleLaw
@@ -42,18 +42,18 @@ class GeneratedDataset:
     holds ``kind`` (``generated``), ``generator``, ``seed``, ``params`` (JSON) and ``cache_bytes``.
     """
 
+    on_demand = True
+
     def __init__(self, table: pa.Table, law=None):
         """``law``: the law the table's metadata names, when the caller has it already built."""
         meta = table.schema.metadata
         self.table = table
         self.law = law or LAWS[meta[b"generator"].decode()](int(meta[b"seed"]), **json.loads(meta[b"params"]))
-        self.cache_bytes = int(meta[b"cache_bytes"])
         self._train = table.column("train_size").to_numpy().astype(np.int64)
         self._test = table.column("test_size").to_numpy().astype(np.int64)
         self._train.setflags(write=False)
         self._test.setflags(write=False)
-        self._cache: OrderedDict = OrderedDict()  # client id -> (features, labels), least recent first
-        self._cached_bytes = 0
+        self._cache = ClientCache(int(meta[b"cache_bytes"]))  # client id -> (features, labels)
 
     def __reduce__(self):
         return (GeneratedDataset, (self.table,))
@@ -97,17 +97,7 @@ class GeneratedDataset:
         """Each client's rows (train then test): float32 features ``[n, D]`` and int64 labels, from
         the cache or built now (the streams of those not cached at once; with ``keep``, cached,
         evicting the least recently used clients)."""
-        ids = [int(k) for k in client_ids]
-        found = {}
-        for k in ids:  # taken before anything new is cached: caching may evict them
-            if k in self._cache:
-                self._cache.move_to_end(k)
-                found[k] = self._cache[k]
-        for k, rows in self._build([k for k in dict.fromkeys(ids) if k not in found]):
-            found[k] = rows
-            if keep:
-                self._keep(k, rows)
-        return [found[k] for k in ids]
+        return self._cache.fetch(client_ids, self._build, keep)
 
     def _build(self, clients: list):
         """(k, rows of k) for each of ``clients``, their streams built a batch at a time."""
@@ -115,14 +105,6 @@ class GeneratedDataset:
             batch = clients[start:start + STREAMS_AT_ONCE]
             for k, rng in zip(batch, self.law.client_streams(batch)):
                 yield k, self.law.rows(k, int(self._train[k]), int(self._test[k]), rng)
-
-    def _keep(self, k: int, rows: tuple) -> None:
-        size = rows[0].nbytes + rows[1].nbytes
-        if size <= self.cache_bytes:
-            while self._cached_bytes + size > self.cache_bytes:
-                _, (x, y) = self._cache.popitem(last=False)
-                self._cached_bytes -= x.nbytes + y.nbytes
-            self._cache[k], self._cached_bytes = rows, self._cached_bytes + size
 
     def rows_of(self, client_ids, split: str = "all", keep: bool = True) -> ClientRows:
         """The ``split`` rows ('all', 'train' or 'test') of the given clients, built as needed (and

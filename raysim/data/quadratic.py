@@ -19,15 +19,25 @@ Eliminating ``w`` gives the operator FFGG drives to zero,
 ``F(theta) = mean_m grad_theta f_m(theta, argmin_w f_m(theta, w)) = S theta - s`` with
 ``S = mean_m (P_m - C_m D_m^-1 C_m')`` and ``s = mean_m (q_m - C_m D_m^-1 e_m)``.
 
-Every method works in torch float64 and is batched over clients: ``ids`` lists client ids
-(``C`` of them), ``theta`` is ``[C, d_theta]`` or one ``[d_theta]`` shared by all of them and
-``w`` is ``[C, d_w]``.
+Client ``m``'s statistics are a pure function of (seed, m) (:class:`QuadraticLaw`), so they are
+either kept for every client (:class:`QuadraticProblem`) or built where and when a client trains,
+the latest kept in a bounded cache (:class:`OnDemandQuadratic`, ``data.on_demand``). The exact
+metrics need of the whole population only means and extremes (:class:`Population`), taken in one
+pass over the clients in chunks of :data:`CLIENTS_AT_ONCE` summed in a fixed order, so both give
+the same bits.
+
+Every per-client method works in torch float64 and is batched over clients: ``ids`` lists client
+ids (``C`` of them; None: every client), ``theta`` is ``[C, d_theta]`` or one ``[d_theta]``
+shared by all of them and ``w`` is ``[C, d_w]`` or one shared ``[d_w]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 import numpy as np
@@ -35,16 +45,66 @@ import pyarrow as pa
 import torch
 
 from raysim.data._checks import check_count, check_num_clients
+from raysim.data.cache import ClientCache
 from raysim.data.federated import _single_array
 from raysim.streams import Purpose, stream
+from raysim.threads import one_blas_thread, torch_threads
 
 STATS = ("P", "q", "C", "D", "e", "c")
+CLIENTS_AT_ONCE = 64  # clients per chunk of the population pass: fixes the order of its sums
 _META_KEYS = ("n", "d_theta", "d_w", "num_clients")
+
+
+class QuadraticLaw:
+    """Draws client ``m``'s raw matrices from the stream ``(Purpose.QUADRATIC_CLIENT, m)`` and
+    reduces them to its statistics; see :func:`generate_quadratic` for the recipe."""
+
+    def __init__(self, seed: int, n: int, d_theta: int, d_w: int, realizable: bool = False):
+        self.seed, self.realizable = int(seed), bool(realizable)
+        self.n = check_count("data.n", n, 1)
+        self.d_theta = check_count("data.d_theta", d_theta, 1)
+        self.d_w = check_count("data.d_w", d_w, 1)
+        self.theta_true = stream(seed, Purpose.QUADRATIC_PLANT).random(d_theta) if realizable else None
+
+    @property
+    def params(self) -> dict:
+        """The law's keyword arguments besides the seed."""
+        return {"n": self.n, "d_theta": self.d_theta, "d_w": self.d_w, "realizable": self.realizable}
+
+    def client(self, m: int) -> tuple:
+        """Client ``m``'s float64 ``(P, q, C, D, e, c)`` (numpy; ``c`` 0-dimensional)."""
+        n, d_theta, d_w = self.n, self.d_theta, self.d_w
+        rng = stream(self.seed, Purpose.QUADRATIC_CLIENT, m)
+        H = rng.random((n, d_theta)) / d_theta
+        A = rng.random((n, d_theta)) / d_theta
+        B = rng.random((n, d_w)) / d_w
+        if self.realizable:
+            b = H @ self.theta_true
+            y = A @ self.theta_true + B @ rng.random(d_w)
+        else:
+            b, y = rng.random(n), rng.random(n)
+        with one_blas_thread():  # BLAS threads split A'B's and A'y's sums: their bits would follow the machine
+            return (H.T @ H + A.T @ A, H.T @ b + A.T @ y, A.T @ B, B.T @ B, B.T @ y,
+                    np.asarray(0.5 * (b @ b + y @ y)))
+
+    def build(self, clients: list):
+        """``(m, statistics)`` for each of ``clients`` (the builder of a :class:`ClientCache`)."""
+        return ((m, self.client(m)) for m in clients)
+
+    def statistics(self, clients) -> tuple:
+        """The six statistics of ``clients`` stacked into float64 tensors ``[len(clients), ...]``."""
+        return _stacked([self.client(int(m)) for m in clients])
+
+
+def _stacked(per_client: list) -> tuple:
+    """Per-client ``(P, q, C, D, e, c)`` tuples stacked statistic by statistic into tensors."""
+    return tuple(torch.from_numpy(np.stack(parts)) for parts in zip(*per_client))
 
 
 def generate_quadratic(num_clients: int, n: int, d_theta: int, d_w: int, seed: int,
                        realizable: bool = False) -> QuadraticProblem:
-    """Draw the FFGG quadratic problem and reduce it to sufficient statistics.
+    """Draw the FFGG quadratic problem and reduce it to sufficient statistics (with its
+    :class:`Population`, taken in the same pass).
 
     Client ``m`` draws from the stream ``(Purpose.QUADRATIC_CLIENT, m)``, in order,
     ``H = rng.random((n, d_theta)) / d_theta``, ``A = rng.random((n, d_theta)) / d_theta`` and
@@ -54,44 +114,123 @@ def generate_quadratic(num_clients: int, n: int, d_theta: int, d_w: int, seed: i
     U[0, 1]^d_theta from the stream ``Purpose.QUADRATIC_PLANT``, so every ``f_m`` has minimum 0.
     """
     num_clients = check_num_clients(num_clients)
-    n = check_count("data.n", n, 1)
-    d_theta = check_count("data.d_theta", d_theta, 1)
-    d_w = check_count("data.d_w", d_w, 1)
-    theta_true = stream(seed, Purpose.QUADRATIC_PLANT).random(d_theta) if realizable else None
-    P = np.empty((num_clients, d_theta, d_theta))
-    q = np.empty((num_clients, d_theta))
-    C = np.empty((num_clients, d_theta, d_w))
-    D = np.empty((num_clients, d_w, d_w))
-    e = np.empty((num_clients, d_w))
-    c = np.empty(num_clients)
-    for m in range(num_clients):
-        rng = stream(seed, Purpose.QUADRATIC_CLIENT, m)
-        H = rng.random((n, d_theta)) / d_theta
-        A = rng.random((n, d_theta)) / d_theta
-        B = rng.random((n, d_w)) / d_w
-        if realizable:
-            b = H @ theta_true
-            y = A @ theta_true + B @ rng.random(d_w)
-        else:
-            b, y = rng.random(n), rng.random(n)
-        P[m] = H.T @ H + A.T @ A
-        q[m] = H.T @ b + A.T @ y
-        C[m] = A.T @ B
-        D[m] = B.T @ B
-        e[m] = B.T @ y
-        c[m] = 0.5 * (b @ b + y @ y)
-    return QuadraticProblem(*(torch.from_numpy(a) for a in (P, q, C, D, e, c)), n=n)
+    law = QuadraticLaw(seed, n, d_theta, d_w, realizable)
+    d_theta, d_w = law.d_theta, law.d_w
+    stats = tuple(torch.empty(num_clients, *shape, dtype=torch.float64) for shape in
+                  ((d_theta, d_theta), (d_theta,), (d_theta, d_w), (d_w, d_w), (d_w,), ()))
+
+    def chunk(lo: int, hi: int) -> tuple:
+        built = law.statistics(range(lo, hi))
+        for whole, part in zip(stats, built):
+            whole[lo:hi] = part
+        return built
+
+    population = Population.survey(num_clients, chunk)
+    return QuadraticProblem(*stats, n=law.n, population=population)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Population:
+    """What the exact metrics and step sizes need of every client: the means of the statistics
+    (``P, q, C, D, e, c``) and of the Schur complements (``S, s``: see the module doc), the mean
+    best-response constant ``best_c = mean(c - e'D^-1 e / 2)`` (so ``mean_m f_m(theta, w_m*(theta))
+    = theta'S theta / 2 - s'theta + best_c``), the mean of each client's minimum ``f_min``, and
+    the smoothness constants ``L = max lambda_max(P - C D^-1 C')``, ``L_w = max lambda_max(D)``,
+    ``mu_w = min lambda_min(D)`` and ``L_f = max lambda_max([[P, C], [C', D]])``."""
+
+    S: torch.Tensor
+    s: torch.Tensor
+    P: torch.Tensor
+    q: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor
+    e: torch.Tensor
+    c: float
+    best_c: float
+    f_min: float
+    L: float
+    L_w: float
+    mu_w: float
+    L_f: float
+
+    @classmethod
+    def survey(cls, num_clients: int, chunk) -> Population:
+        """The population of clients ``0 … num_clients-1``; ``chunk(lo, hi)`` gives the stacked
+        statistics of clients ``lo … hi-1``. Chunks of :data:`CLIENTS_AT_ONCE` run in threads and
+        are summed in order, so the result does not depend on the threads."""
+        bounds = [(lo, min(lo + CLIENTS_AT_ONCE, num_clients)) for lo in range(0, num_clients, CLIENTS_AT_ONCE)]
+        # one BLAS and one torch thread for every chunk, set here for all of them (a limit that
+        # each thread set and restored on its own could be lifted while another still computes)
+        with one_blas_thread(), torch_threads(1), \
+                ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+            totals = None
+            for part in pool.map(lambda bound: _chunk_totals(*chunk(*bound)), bounds):
+                totals = part if totals is None else _combine(totals, part)
+        means = {k: totals[k] / num_clients for k in ("S", "s", "P", "q", "C", "D", "e")}
+        scalars = {k: float(totals[k]) / num_clients for k in ("c", "best_c", "f_min")}
+        return cls(**means, **scalars, **{k: float(totals[k]) for k in ("L", "L_w", "mu_w", "L_f")})
+
+    def to_json(self) -> str:
+        """Every field as JSON (floats written exactly, tensors as nested lists)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.dumps({k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in fields.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> Population:
+        """The population :meth:`to_json` wrote, bit for bit."""
+        fields = json.loads(text)
+        return cls(**{k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v
+                      for k, v in fields.items()})
+
+
+_EXTREMES = {"L": torch.maximum, "L_w": torch.maximum, "mu_w": torch.minimum, "L_f": torch.maximum}
+
+
+def _chunk_totals(P, q, C, D, e, c) -> dict:
+    """Sums over a chunk of clients of what :class:`Population` averages, and its extremes."""
+    K, k, best_c = _schur(P, q, C, D, e, c)
+    eig_D = torch.linalg.eigvalsh(D)
+    return {"S": K.sum(0), "s": k.sum(0), "P": P.sum(0), "q": q.sum(0), "C": C.sum(0), "D": D.sum(0),
+            "e": e.sum(0), "c": c.sum(), "best_c": best_c.sum(), "f_min": _minima(P, q, C, D, e, c).sum(),
+            "L": torch.linalg.eigvalsh(K)[:, -1].max(), "L_w": eig_D[:, -1].max(), "mu_w": eig_D[:, 0].min(),
+            "L_f": torch.linalg.eigvalsh(_joint(P, C, D))[:, -1].max()}
+
+
+def _combine(totals: dict, part: dict) -> dict:
+    return {k: _EXTREMES[k](v, part[k]) if k in _EXTREMES else v + part[k] for k, v in totals.items()}
+
+
+def _schur(P, q, C, D, e, c) -> tuple:
+    """Per client ``P - C D^-1 C'`` (symmetrised), ``q - C D^-1 e`` and ``c - e'D^-1 e / 2``."""
+    sol = torch.linalg.solve(D, torch.cat([C.mT, e.unsqueeze(-1)], dim=-1))
+    K = P - C @ sol[..., :-1]
+    return 0.5 * (K + K.mT), q - (C @ sol[..., -1:]).squeeze(-1), c - 0.5 * (e * sol[..., -1]).sum(-1)
+
+
+def _joint(P, C, D) -> torch.Tensor:
+    """Per client the Hessian ``[[P, C], [C', D]]`` of ``f_m`` in ``(theta, w)``."""
+    return torch.cat([torch.cat([P, C], -1), torch.cat([C.mT, D], -1)], -2)
+
+
+def _minima(P, q, C, D, e, c) -> torch.Tensor:
+    """Per client ``min_{theta, w} f_m = c - g'z / 2``, ``z`` solving the joint normal equations
+    ``J z = g = [q; e]`` (least squares if ``J`` is singular)."""
+    g = torch.cat([q, e], -1).unsqueeze(-1)
+    z = torch.linalg.lstsq(_joint(P, C, D), g, driver="gelsd").solution
+    return c - 0.5 * (g * z).sum((-2, -1))
 
 
 class QuadraticProblem:
     """Every client's sufficient statistics (see the module doc) and the maths on them.
 
     ``P [M, d_theta, d_theta]``, ``q [M, d_theta]``, ``C [M, d_theta, d_w]``, ``D [M, d_w, d_w]``,
-    ``e [M, d_w]`` and ``c [M]`` are float64 tensors; ``n`` is the number of samples per client.
-    Derived quantities (``theta_star``, ``f_min``, ``smoothness()``) are computed once.
+    ``e [M, d_w]`` and ``c [M]`` are float64 tensors; ``n`` is the number of samples per client;
+    ``population`` is computed from them when not given (and then once).
     """
 
-    def __init__(self, P, q, C, D, e, c, n: int):
+    on_demand = False  # client statistics built per client where they are needed
+
+    def __init__(self, P, q, C, D, e, c, n: int, population: Population | None = None):
         self.P, self.q, self.C, self.D, self.e, self.c = (
             torch.as_tensor(t, dtype=torch.float64) for t in (P, q, C, D, e, c))
         self.n = int(n)
@@ -102,35 +241,67 @@ class QuadraticProblem:
             if tuple(getattr(self, name).shape) != shape:
                 raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {shape}")
         self.num_clients, self.d_theta, self.d_w = M, d_theta, d_w
+        if population is not None:
+            self.population = population  # fills the cached property
 
     def __reduce__(self):
         # Ship the Arrow table: through Ray's object store the receiver then reads it zero-copy.
         return (QuadraticProblem.from_table, (self.table,))
 
     @cached_property
+    def population(self) -> Population:
+        """The means and constants over every client (see :class:`Population`)."""
+        return Population.survey(self.num_clients, self._chunk)
+
+    def _chunk(self, lo: int, hi: int) -> tuple:
+        """The statistics of clients ``lo … hi-1``."""
+        return tuple(t[lo:hi] for t in (self.P, self.q, self.C, self.D, self.e, self.c))
+
+    def _take(self, ids) -> tuple:
+        """The statistics of clients ``ids`` (None: every client)."""
+        stats = (self.P, self.q, self.C, self.D, self.e, self.c)
+        if ids is None:
+            return stats
+        index = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        return tuple(t[index] for t in stats)
+
+    def subset(self, ids) -> QuadraticProblem:
+        """The clients ``ids`` alone, numbered ``0 … len(ids)-1`` (what a task's oracle works on)."""
+        return QuadraticProblem(*self._take(ids), n=self.n)
+
+    def _metadata(self) -> dict:
+        """The schema metadata of :attr:`table`: kind, sizes, and the population (JSON)."""
+        meta = {b"kind": b"quadratic", b"population": self.population.to_json().encode()}
+        meta.update({k.encode(): json.dumps(getattr(self, k)).encode() for k in _META_KEYS})
+        return meta
+
+    @cached_property
     def table(self) -> pa.Table:
         """One row per client: ``client_id`` (int32) and one fixed_size_list<float64> column
-        per statistic (row-major flattened); schema metadata ``kind = quadratic`` plus JSON
-        ``n``, ``d_theta``, ``d_w`` and ``num_clients``."""
-        meta = {b"kind": b"quadratic"}
-        meta.update({k.encode(): json.dumps(getattr(self, k)).encode() for k in _META_KEYS})
+        per statistic (row-major flattened); schema metadata ``kind = quadratic``, JSON ``n``,
+        ``d_theta``, ``d_w`` and ``num_clients``, and the :class:`Population` as JSON."""
         columns = [pa.array(np.arange(self.num_clients, dtype=np.int32))]
         fields = [pa.field("client_id", pa.int32())]
         for name in STATS:
             flat = getattr(self, name).reshape(self.num_clients, -1).contiguous().numpy()
             columns.append(pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1]))
             fields.append(pa.field(name, pa.list_(pa.float64(), flat.shape[1])))
-        return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=meta))
+        return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=self._metadata()))
 
     @classmethod
     def from_table(cls, table: pa.Table) -> QuadraticProblem:
-        """Rebuild from ``table`` (as written by ``.table``), viewing the Arrow buffers without copying.
+        """Rebuild from ``table`` (as written by ``.table``), viewing the Arrow buffers without copying
+        (an :class:`OnDemandQuadratic` if the table says so).
 
         The statistics are then read-only; nothing here writes to them.
         """
         meta = table.schema.metadata or {}
         if meta.get(b"kind") != b"quadratic":
             raise ValueError("not a quadratic-problem table (schema metadata kind != quadratic)")
+        population = Population.from_json(meta[b"population"]) if b"population" in meta else None
+        if b"law" in meta:
+            return OnDemandQuadratic(QuadraticLaw(**json.loads(meta[b"law"])), json.loads(meta[b"num_clients"]),
+                                     json.loads(meta[b"cache_bytes"]), population)
         M, d_theta, d_w, n = (json.loads(meta[k.encode()]) for k in ("num_clients", "d_theta", "d_w", "n"))
         shapes = {"P": (d_theta, d_theta), "q": (d_theta,), "C": (d_theta, d_w),
                   "D": (d_w, d_w), "e": (d_w,), "c": ()}
@@ -143,7 +314,7 @@ class QuadraticProblem:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "The given NumPy array is not writable")
                 stats.append(torch.from_numpy(view))
-        problem = cls(*stats, n=n)
+        problem = cls(*stats, n=n, population=population)
         problem.table = table  # fills the cached property: the round trip keeps the same table
         return problem
 
@@ -170,45 +341,52 @@ class QuadraticProblem:
         starts = np.arange(self.num_clients, dtype=np.int64) * self.n
         return np.stack([starts, starts + self.n, starts + self.n], axis=1)
 
-    def _batch(self, ids, theta, w=None):
-        """Index tensor, ``theta`` as ``[C, d_theta]`` and ``w`` as a float64 tensor."""
-        ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+    def _batch(self, ids, theta, w=None) -> tuple:
+        """The statistics of ``ids``, and ``theta`` and ``w`` as float64 tensors of one row per client."""
+        stats = self._take(ids)
+        count = len(stats[-1])
         theta = torch.as_tensor(theta, dtype=torch.float64)
-        theta = theta.expand(len(ids), self.d_theta) if theta.dim() == 1 else theta
-        return ids, theta, None if w is None else torch.as_tensor(w, dtype=torch.float64)
+        theta = theta.expand(count, self.d_theta) if theta.dim() == 1 else theta
+        if w is not None:
+            w = torch.as_tensor(w, dtype=torch.float64)
+            w = w.expand(count, self.d_w) if w.dim() == 1 else w
+        return stats, theta, w
 
     def value(self, ids, theta, w) -> torch.Tensor:
         """``[C]``: ``f_m(theta_m, w_m)`` for each client ``m`` of ``ids``."""
-        ids, theta, w = self._batch(ids, theta, w)
-        Pt = (self.P[ids] @ theta.unsqueeze(-1)).squeeze(-1)
-        Cw = (self.C[ids] @ w.unsqueeze(-1)).squeeze(-1)
-        Dw = (self.D[ids] @ w.unsqueeze(-1)).squeeze(-1)
-        return ((0.5 * Pt - self.q[ids] + Cw) * theta).sum(-1) \
-            + ((0.5 * Dw - self.e[ids]) * w).sum(-1) + self.c[ids]
+        (P, q, C, D, e, c), theta, w = self._batch(ids, theta, w)
+        Pt = (P @ theta.unsqueeze(-1)).squeeze(-1)
+        Cw = (C @ w.unsqueeze(-1)).squeeze(-1)
+        Dw = (D @ w.unsqueeze(-1)).squeeze(-1)
+        return ((0.5 * Pt - q + Cw) * theta).sum(-1) + ((0.5 * Dw - e) * w).sum(-1) + c
 
     def grad_theta(self, ids, theta, w) -> torch.Tensor:
         """``[C, d_theta]``: ``P theta - q + C w`` per client."""
-        ids, theta, w = self._batch(ids, theta, w)
-        return (self.P[ids] @ theta.unsqueeze(-1) + self.C[ids] @ w.unsqueeze(-1)).squeeze(-1) - self.q[ids]
+        (P, q, C, _, _, _), theta, w = self._batch(ids, theta, w)
+        return (P @ theta.unsqueeze(-1) + C @ w.unsqueeze(-1)).squeeze(-1) - q
 
     def grad_w(self, ids, theta, w) -> torch.Tensor:
         """``[C, d_w]``: ``C' theta + D w - e`` per client."""
-        ids, theta, w = self._batch(ids, theta, w)
-        Ct, Dw = self.C[ids].mT @ theta.unsqueeze(-1), self.D[ids] @ w.unsqueeze(-1)
-        return (Ct + Dw).squeeze(-1) - self.e[ids]
+        (_, _, C, D, e, _), theta, w = self._batch(ids, theta, w)
+        return (C.mT @ theta.unsqueeze(-1) + D @ w.unsqueeze(-1)).squeeze(-1) - e
+
+    def hvp(self, ids, v_theta, v_w) -> torch.Tensor:
+        """``[C, d_theta + d_w]``: each client's Hessian ``[[P, C], [C', D]]`` times its ``(v_theta, v_w)``."""
+        (P, _, C, D, _, _), v_theta, v_w = self._batch(ids, v_theta, v_w)
+        top = (P @ v_theta.unsqueeze(-1) + C @ v_w.unsqueeze(-1)).squeeze(-1)
+        bottom = (C.mT @ v_theta.unsqueeze(-1) + D @ v_w.unsqueeze(-1)).squeeze(-1)
+        return torch.cat([top, bottom], 1)
 
     def best_w(self, ids, theta) -> torch.Tensor:
         """``[C, d_w]``: the exact ``argmin_w f_m(theta, w)``, the solution of ``D w = e - C' theta``."""
-        ids, theta, _ = self._batch(ids, theta)
-        rhs = self.e[ids] - (self.C[ids].mT @ theta.unsqueeze(-1)).squeeze(-1)
-        return torch.linalg.solve(self.D[ids], rhs)
+        (_, _, C, D, e, _), theta, _ = self._batch(ids, theta)
+        return torch.linalg.solve(D, e - (C.mT @ theta.unsqueeze(-1)).squeeze(-1))
 
     def cg_w(self, ids, theta, w0, steps: int) -> torch.Tensor:
         """``[C, d_w]``: exactly ``steps`` conjugate-gradient iterations on ``D w = e - C' theta``
         from ``w0``; a client stops moving once its residual is exactly zero."""
-        ids, theta, w = self._batch(ids, theta, w0)
-        D = self.D[ids]
-        r = self.e[ids] - (self.C[ids].mT @ theta.unsqueeze(-1) + D @ w.unsqueeze(-1)).squeeze(-1)
+        (_, _, C, D, e, _), theta, w = self._batch(ids, theta, w0)
+        r = e - (C.mT @ theta.unsqueeze(-1) + D @ w.unsqueeze(-1)).squeeze(-1)
         p, rr = r, (r * r).sum(-1)
         for _ in range(steps):
             live = rr > 0
@@ -221,30 +399,18 @@ class QuadraticProblem:
             p, rr = r + beta.unsqueeze(-1) * p, rr_next
         return w
 
-    def gd_w(self, ids, theta, w0, steps: int, lr: float) -> torch.Tensor:
-        """``[C, d_w]``: ``steps`` full-gradient steps ``w <- w - lr grad_w f_m(theta, w)`` from ``w0``."""
-        ids, theta, w = self._batch(ids, theta, w0)
-        for _ in range(steps):
-            w = w - lr * self.grad_w(ids, theta, w)
-        return w
-
-    @cached_property
-    def _schur(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per client ``P - C D^-1 C'`` ``[M, d_theta, d_theta]`` and ``q - C D^-1 e`` ``[M, d_theta]``."""
-        sol = torch.linalg.solve(self.D, torch.cat([self.C.mT, self.e.unsqueeze(-1)], dim=-1))
-        K = self.P - self.C @ sol[..., :-1]
-        return 0.5 * (K + K.mT), self.q - (self.C @ sol[..., -1:]).squeeze(-1)
+    def minima(self, ids) -> torch.Tensor:
+        """``[C]``: ``min_{theta, w} f_m`` of each client alone (least squares if its Hessian is singular)."""
+        return _minima(*self._take(ids))
 
     def operator(self, theta) -> torch.Tensor:
         """``[d_theta]``: ``F(theta) = mean_m grad_theta f_m(theta, best_w_m(theta)) = S theta - s``."""
-        K, k = self._schur
-        return K.mean(0) @ torch.as_tensor(theta, dtype=torch.float64) - k.mean(0)
+        return self.population.S @ torch.as_tensor(theta, dtype=torch.float64) - self.population.s
 
     @cached_property
     def theta_star(self) -> torch.Tensor:
         """``[d_theta]``: the root of ``F``, the solution of ``S theta = s``."""
-        K, k = self._schur
-        return torch.linalg.solve(K.mean(0), k.mean(0))
+        return torch.linalg.solve(self.population.S, self.population.s)
 
     def rel_error(self, theta, theta0) -> float:
         """``|theta - theta*|^2 / |theta0 - theta*|^2``."""
@@ -255,33 +421,68 @@ class QuadraticProblem:
         """``|F(theta)|^2``."""
         return float(self.operator(theta).square().sum())
 
-    @cached_property
-    def _joint(self) -> torch.Tensor:
-        """``[M, d_theta + d_w, d_theta + d_w]``: each client's Hessian ``[[P, C], [C', D]]``."""
-        return torch.cat([torch.cat([self.P, self.C], -1), torch.cat([self.C.mT, self.D], -1)], -2)
-
     def smoothness(self) -> dict[str, float]:
         """Constants over clients: ``L = max lambda_max(P - C D^-1 C')`` (cocoercivity of each
         ``F_m``), ``L_w = max lambda_max(D)``, ``mu_w = min lambda_min(D)`` and
         ``L_f = max lambda_max([[P, C], [C', D]])``."""
-        return dict(self._smoothness)
+        pop = self.population
+        return {"L": pop.L, "L_w": pop.L_w, "mu_w": pop.mu_w, "L_f": pop.L_f}
+
+    def loss_gap(self, theta, w=None) -> float:
+        """``mean_m f_m(theta_m, w_m) - mean_m min f_m`` over every client. ``theta``: ``[d_theta]``
+        shared or ``[M, d_theta]`` per client; ``w``: ``[d_w]`` shared, ``[M, d_w]`` per client,
+        or None for each client's best response ``w_m*(theta_m)``. A shared model's mean comes from
+        the population's means; per-client models are evaluated a chunk of clients at a time."""
+        pop = self.population
+        theta = torch.as_tensor(theta, dtype=torch.float64)
+        w = None if w is None else torch.as_tensor(w, dtype=torch.float64)
+        if theta.dim() == 1 and (w is None or w.dim() == 1):
+            if w is None:
+                mean = float(theta @ (0.5 * pop.S @ theta - pop.s)) + pop.best_c
+            else:
+                mean = float(theta @ (0.5 * pop.P @ theta - pop.q + pop.C @ w) + w @ (0.5 * pop.D @ w - pop.e)) + pop.c
+            return mean - pop.f_min
+        total = 0.0
+        for lo in range(0, self.num_clients, CLIENTS_AT_ONCE):
+            hi = min(lo + CLIENTS_AT_ONCE, self.num_clients)
+            part = self.subset(np.arange(lo, hi))
+            rows = theta if theta.dim() == 1 else theta[lo:hi]
+            personal = part.best_w(None, rows) if w is None else w if w.dim() == 1 else w[lo:hi]
+            total += float(part.value(None, rows, personal).sum())
+        return total / self.num_clients - pop.f_min
+
+
+class OnDemandQuadratic(QuadraticProblem):
+    """The quadratic problem of a :class:`QuadraticLaw` whose clients' statistics are built where
+    and when they are needed, the latest kept in a :class:`~raysim.data.cache.ClientCache` of
+    ``cache_bytes``. Its :class:`Population`, when not given, is taken now (a pass over every
+    client that keeps nothing) and then travels in its table."""
+
+    on_demand = True
+
+    def __init__(self, law: QuadraticLaw, num_clients: int, cache_bytes: int, population: Population | None = None):
+        self.law, self.n, self.d_theta, self.d_w = law, law.n, law.d_theta, law.d_w
+        self.num_clients, self.cache_bytes = check_num_clients(num_clients), int(cache_bytes)
+        self._cache = ClientCache(self.cache_bytes)
+        self.population = population or Population.survey(self.num_clients, self._chunk)
+
+    def clients(self, client_ids, keep: bool = True) -> list:
+        """Each client's ``(P, q, C, D, e, c)`` (numpy), from the cache or built now (and, with
+        ``keep``, cached)."""
+        return self._cache.fetch(client_ids, self.law.build, keep)
+
+    def _chunk(self, lo: int, hi: int) -> tuple:
+        return self.law.statistics(range(lo, hi))
+
+    def _take(self, ids) -> tuple:
+        ids = np.arange(self.num_clients) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
+        return _stacked(self.clients(ids))
 
     @cached_property
-    def _smoothness(self) -> dict[str, float]:
-        eig_D = torch.linalg.eigvalsh(self.D)
-        return {"L": float(torch.linalg.eigvalsh(self._schur[0])[:, -1].max()),
-                "L_w": float(eig_D[:, -1].max()), "mu_w": float(eig_D[:, 0].min()),
-                "L_f": float(torch.linalg.eigvalsh(self._joint)[:, -1].max())}
-
-    @cached_property
-    def f_min(self) -> torch.Tensor:
-        """``[M]``: ``min_{theta, w} f_m`` of each client alone, ``c - g'z / 2`` where ``z``
-        solves the joint normal equations ``J z = g = [q; e]`` (least squares if ``J`` is singular)."""
-        g = torch.cat([self.q, self.e], -1).unsqueeze(-1)
-        z = torch.linalg.lstsq(self._joint, g, driver="gelsd").solution
-        return self.c - 0.5 * (g * z).sum((-2, -1))
-
-    def loss_gap(self, theta, w) -> float:
-        """``mean_m f_m(theta_m, w_m) - f_min[m]`` over all clients; ``theta`` is ``[d_theta]``
-        or ``[M, d_theta]``, ``w`` is ``[M, d_w]``."""
-        return float((self.value(np.arange(self.num_clients), theta, w) - self.f_min).mean())
+    def table(self) -> pa.Table:
+        """No rows: schema metadata ``kind = quadratic``, the sizes, the law (JSON), ``cache_bytes``
+        and the :class:`Population` (JSON)."""
+        meta = self._metadata()
+        meta.update({b"law": json.dumps({"seed": self.law.seed, **self.law.params}).encode(),
+                     b"cache_bytes": str(self.cache_bytes).encode()})
+        return pa.schema([], metadata=meta).empty_table()

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.engine.host import torch_threads
+from raysim.threads import torch_threads
 
 CURVATURE_CHUNK = 2 ** 20  # rows × parameters per pass of the curvature evaluation (bounds its memory)
 
@@ -55,19 +55,17 @@ class QuadraticEvaluator:
     def __init__(self, problem, personalised: bool, initial: torch.Tensor):
         self.problem, self.d_theta, self.personalised = problem, problem.d_theta, personalised
         self.theta0 = initial[:self.d_theta].double()
-        self.ids = np.arange(problem.num_clients)
 
     def __call__(self, params: torch.Tensor, client_models: torch.Tensor | None) -> dict:
         """``params``: the global model [θ, w]; ``client_models``: [M, P] per-client models (L2GD)
         or None. A partially personalised algorithm (FFGG) is judged with each client's best
         response w_m*(θ); a shared model with its own w."""
-        rows = params.double().expand(len(self.ids), -1) if client_models is None else client_models.double()
-        theta_rows = rows[:, :self.d_theta]
-        w = self.problem.best_w(self.ids, theta_rows) if self.personalised else rows[:, self.d_theta:]
-        theta = theta_rows.mean(0)
-        return {"rel_error": self.problem.rel_error(theta, self.theta0),
-                "grad_norm_sq": self.problem.grad_norm_sq(theta),
-                "loss_gap": self.problem.loss_gap(theta_rows, w)}
+        model = (params if client_models is None else client_models).double()
+        theta, w = model[..., :self.d_theta], model[..., self.d_theta:]
+        center = theta if theta.dim() == 1 else theta.mean(0)
+        return {"rel_error": self.problem.rel_error(center, self.theta0),
+                "grad_norm_sq": self.problem.grad_norm_sq(center),
+                "loss_gap": self.problem.loss_gap(theta, None if self.personalised else w)}
 
 
 class CurvatureEvaluator:

@@ -6,7 +6,6 @@ import os
 import threading
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,10 +15,11 @@ from raysim.config import scenario_object
 
 from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.algorithms.oracles import Participation
-from raysim.data import FederatedDataset, GeneratedDataset, QuadraticProblem, open_dataset
+from raysim.data import FederatedDataset, QuadraticProblem, open_dataset
 from raysim.models import build_model
 from raysim.streams import Purpose, streams
 from raysim.system import SystemModel
+from raysim.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,6 @@ class Task:
     counters: tuple
     versions: tuple
     states: tuple | None = None
-
-
-@contextmanager
-def torch_threads(n: int):
-    """Run a block with exactly ``n`` torch threads (determinism), then restore."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def deterministic_cuda() -> None:
@@ -114,14 +103,14 @@ class ClientHost:
             self._preparing = None
         with torch_threads(self.cfg.runtime.torch_threads):
             results = [self._run_one([payloads[v] for v in task.versions], task) for task in tasks]
-        if prepare and isinstance(self.dataset, GeneratedDataset):
+        if prepare and self.dataset.on_demand:
             self._preparing = threading.Thread(target=self._build_rows, args=(prepare,), daemon=True,
                                                name="raysim-prepare-rows")
             self._preparing.start()
         return results
 
     def _build_rows(self, client_ids: tuple) -> None:
-        """Put the rows of ``client_ids`` in the data set's cache."""
+        """Put the data of ``client_ids`` in the data set's cache."""
         self.dataset.clients(client_ids)
 
     def _run_one(self, payloads: list, task: Task):

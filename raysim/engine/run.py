@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 from omegaconf import OmegaConf
 
-from raysim.data import GeneratedDataset
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
@@ -288,7 +287,7 @@ class Run:
             "final_personalized_accuracy_ci95": _null(last.get("personalized_accuracy_ci95")),
             "final_diagnostics": {k: float(v) for k, v in self.tally.diagnostics.items()},
             "evaluated_clients": min(cfg.eval.clients or math.inf, self.prepared.dataset.num_clients),
-            "data_on_demand": isinstance(self.prepared.dataset, GeneratedDataset),
+            "data_on_demand": self.prepared.dataset.on_demand,
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
             "wall_seconds": time.perf_counter() - self.began,
             "steady_updates_per_second": self.tally.steady_rate(),

@@ -17,11 +17,10 @@ import torch
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
-from raysim.data import GeneratedDataset, QuadraticProblem, open_dataset
+from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator
-from raysim.engine.host import torch_threads
 from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
 from raysim.errors import DivergenceError, NoClientAvailable, RunError
@@ -30,6 +29,7 @@ from raysim.models.flat import sha256
 from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
 from raysim.system.byzantine import Attack
+from raysim.threads import torch_threads
 
 MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten
 EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
@@ -54,7 +54,7 @@ class Scheduler:
         self.dataset = open_dataset(table)
         problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None
         self.train_sizes = self.dataset.train_sizes()
-        self.builds_rows = isinstance(self.dataset, GeneratedDataset)  # hosts build client rows on demand
+        self.builds_rows = self.dataset.on_demand  # hosts build client data on demand
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
