@@ -20,6 +20,7 @@ from raysim.metrics import OutputDir
 from raysim.system import SystemModel
 
 LARGE_EVALUATION = 100_000  # clients: above this, evaluating every one of them built on demand gets a note
+LARGE_QUADRATIC = 10 ** 7  # quadratic clients × rows: above this, the start-up pass over them gets a note
 
 if TYPE_CHECKING:  # these import torch; prepare() loads them while ``meanwhile`` runs
     from raysim.data.quadratic import QuadraticProblem
@@ -52,6 +53,11 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     (:func:`raysim.catalog.check_model_data`); any other rejected model, after it returns.
     """
     check_fits(cfg)
+    d = cfg.data
+    if d.kind == "quadratic" and d.num_clients * d.n > LARGE_QUADRATIC:
+        print(f"note: drawing the statistics of all {d.num_clients:,} quadratic clients once, for θ*, the smoothness "
+              "constants and the exact metrics (a pass over every client, kept only without data.on_demand)",
+              file=sys.stderr)
     dataset = build_dataset(cfg.data, cfg.seed)
     check_model_data(cfg.model.kind, dataset.feature_shape, dataset.num_classes,
                      cfg.data.path if cfg.data.kind in DATA_FILES else None)
