@@ -113,6 +113,8 @@ def test_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
 def test_quadratic_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
     """The quadratic problem's statistics built where clients train (a cache of ~3 clients): the
     same model and the same exact metrics as with every client's statistics kept."""
+    import pyarrow.parquet as pq
+
     from raysim.data import builds_on_demand
     from raysim.data.quadratic import OnDemandQuadratic
 
@@ -128,8 +130,6 @@ def test_quadratic_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
         run = small_scenario(tmp_path / on_demand, *quadratic, f"data.on_demand={on_demand}", "data.cache_mb=0.002")
         summary, prepared = execute(run)
         assert isinstance(prepared.dataset, OnDemandQuadratic) == summary["data_on_demand"] == (on_demand == "true")
-        import pyarrow.parquet as pq
-
         table = pq.read_table(tmp_path / on_demand / "out" / "rounds.parquet")
         results[on_demand] = (summary["model_sha256"], *(table.column(c).to_pylist()
                                                          for c in ("rel_error", "grad_norm_sq", "loss_gap")))

@@ -81,7 +81,7 @@ def test_gradients_match_autograd(problem):
                                rtol=1e-10, atol=1e-10)
 
 
-def test_best_w_cg_and_gd(problem):
+def test_best_w_and_cg(problem):
     ids, theta = np.arange(M), rand(DT, seed=5)
     w0 = rand(M, DW, seed=6)
     best = problem.best_w(ids, theta)
@@ -96,7 +96,6 @@ def test_best_w_cg_and_gd(problem):
         errors.append(torch.einsum("ci,cij,cj->c", err, problem.D, err))
     assert all((later <= earlier * (1 + 1e-9)).all() for earlier, later in zip(errors, errors[1:]))
     assert (errors[1] < errors[0]).all() and (errors[-1] < 1e-20 * errors[0]).all()
-
 
 
 def test_cg_stops_on_an_exactly_zero_residual():
@@ -276,7 +275,7 @@ def test_statistics_built_on_demand_equal_the_kept_ones():
     for args in ((theta, w), (theta[0], w[0]), (theta[0],), (theta,)):
         assert lazy.loss_gap(*args) == kept.loss_gap(*args)
     assert torch.equal(lazy.theta_star, kept.theta_star) and lazy.smoothness() == kept.smoothness()
-    # the cache keeps the latest clients within its budget; evaluation went through it too
+    # the cache keeps the clients used last, within its budget
     lazy.clients([1, 2, 3, 4])
     assert list(lazy._cache) == [2, 3, 4] and lazy._cache.nbytes == 3 * one_client
 
