@@ -36,6 +36,10 @@ CASES = {
     "byzantine_buckets": ["execution.rounds=8", "execution.clients_per_round=6", "system.byzantine.fraction=0.2",
                           "system.byzantine.attack=gaussian", "algorithm.aggregator=centered_clipping",
                           "algorithm.bucket_size=2", "algorithm.client_momentum=0.9"],
+    "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
+                                 "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
+                                 "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",
+                                 "data.cache_mb=0.002"],  # per-client models; statistics of 3 clients kept
 }
 WALL_COLUMNS = {"rounds.parquet": {"wall_time", "updates_per_second"},
                 "events.parquet": {"compute_seconds", "actor", "node"}}
