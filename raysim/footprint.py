@@ -7,6 +7,7 @@ The estimate aims at the peak within a factor of about 2. Its parts:
 - data set: the federated table (or the quadratic problem's statistics), times what building it
   holds at once (:data:`BUILD_FACTOR`), plus the copy in Ray's object store; built on demand, the
   table of client sizes, each process's cache of built rows and the evaluated clients' test rows;
+  for the quadratic, a client's raw draws in every process that reduces them to statistics;
 - model: the parameters (counted from the model keys and the data's shape, without building the
   module) in every client host, and the server's float64 vectors (parameters, aggregate, optimizer);
 - client state: per client bookkeeping, and the vector a stateful algorithm keeps per visited client;
@@ -23,6 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from raysim.data._checks import QUADRATIC_THREADS, quadratic_shapes
 from raysim.data.files import DATA_FILES
 from raysim.data.leaf import SHAKESPEARE_LENGTH
 from raysim.errors import ScenarioError
@@ -115,6 +117,8 @@ def estimate(cfg) -> Footprint:
         data = _leaf_bytes(d.path) * (JSON_PARSE_FACTOR + ray)
     else:
         data = table_bytes(d) * (BUILD_FACTOR.get(d.kind, 1.0) + ray)  # ray: the object store's copy
+    if d.kind == "quadratic":  # one client's draws in each host, and in each thread of the start-up pass
+        data += _quadratic_draws_bytes(d) * (actors + QUADRATIC_THREADS)
     model = params * (itemsize * (actors + 1) + 8 * SERVER_VECTORS)
     kept = _kept_vectors(cfg)
     visits = min(clients, _visits(cfg))
@@ -122,7 +126,7 @@ def estimate(cfg) -> Footprint:
     batch = 0 if d.kind == "quadratic" else cfg.algorithm.get("batch_size") or rows / clients  # none: full batch
     per_client = (CLIENT_VECTORS * params * itemsize
                   + ACTIVATION_PASSES * 4 * batch * (math.prod(features) + sum(widths))
-                  + (_quadratic_bytes(d) / d.num_clients if d.kind == "quadratic" else 0))
+                  + (_quadratic_client_bytes(d) if d.kind == "quadratic" else 0))
     parts = [Part("data set", data, data_keys), Part("model", model, model_keys)]
     if not cfg.runtime.address:
         batch_keys = (("algorithm.batch_size", batch),) if batch else ()
@@ -224,7 +228,7 @@ def _resnet18_gn_body(channels: int, height: int, width: int) -> tuple[int, list
 def table_bytes(d) -> float:
     """Bytes of the federated table of the data keys ``d`` (every client's rows, or statistics)."""
     if d.kind == "quadratic":
-        return _quadratic_bytes(d)
+        return d.num_clients * _quadratic_client_bytes(d)
     rows, features, *_ = _data_shape(d)
     return rows * (ROW_BYTES + 4 * math.prod(features))
 
@@ -290,11 +294,14 @@ def _leaf_bytes(path: str) -> int:
     return sum(os.path.getsize(f) for f in train + (test or []))
 
 
-def _quadratic_bytes(d) -> float:
-    """The quadratic problem's float64 statistics P, q, C, D, e, c of every client, plus one client's
-    draws (H, A, B) while they are reduced."""
-    t, w = d.d_theta, d.d_w
-    return 8 * (d.num_clients * (t * t + t * w + w * w + t + w + 1) + d.n * (2 * t + w))
+def _quadratic_client_bytes(d) -> int:
+    """One quadratic client's float64 statistics P, q, C, D, e, c."""
+    return 8 * sum(math.prod(shape) for shape in quadratic_shapes(d.d_theta, d.d_w).values())
+
+
+def _quadratic_draws_bytes(d) -> int:
+    """One quadratic client's float64 draws H, A, B, b, y while they are reduced to its statistics."""
+    return 8 * d.n * (2 * d.d_theta + d.d_w + 2)
 
 
 def _model_keys(cfg) -> tuple:

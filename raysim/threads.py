@@ -1,5 +1,6 @@
 """Thread counts fixed for determinism: a float sum split over threads rounds differently with
-their number, so code whose bits must not depend on the machine runs on a set number of them."""
+their number, so code whose bits must not depend on the machine's core count runs on a set number
+of them."""
 
 from __future__ import annotations
 

@@ -173,3 +173,19 @@ def test_diverging_finetuner_names_client_and_round(tmp_path):
     import pyarrow.parquet as pq
 
     assert pq.read_table(tmp_path / "out/events.parquet").num_rows > 0  # what was written stays readable
+
+
+def test_a_task_builds_its_clients_statistics_once(tmp_path, monkeypatch):
+    """FFGG asks its oracle for the fine-tuning and for the partial gradient: on demand with no room
+    in the cache, each client's statistics are still built once per task, not once per ask."""
+    from raysim.data.quadratic import QuadraticLaw
+
+    cfg = small_scenario(tmp_path, *QUADRATIC, "algorithm.finetuner=cg", "algorithm.local_steps=2",
+                         "data.on_demand=true", "data.cache_mb=1e-6")
+    host, _ = _host(cfg)
+    built = []
+    client = QuadraticLaw.client
+    monkeypatch.setattr(QuadraticLaw, "client", lambda law, m: built.append(m) or client(law, m))
+    params = torch.zeros(9, dtype=torch.float64)
+    host.run({0: {"params": params}}, [Task("train", (1, 2, 5), (0, 0, 0), (0, 0, 0))])
+    assert sorted(built) == [1, 2, 5]

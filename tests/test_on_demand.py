@@ -124,6 +124,9 @@ def test_quadratic_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
     # auto: at d_theta = 100, d_w = 50 a client's statistics are 138 KiB, so 10^4 clients' exceed 1 GiB
     assert builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=10000").data)
     assert not builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=1000").data)
+    # a client's raw draws are not kept: 1.1 GB of them for 2 clients whose statistics are 276 KiB
+    assert not builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=2", "data.n=600000",
+                                                    "execution.clients_per_round=2").data)
     quadratic = [*ffgg, "data.n=60", "data.d_theta=6", "data.d_w=3"]
     results = {}
     for on_demand in ("true", "false"):
@@ -226,3 +229,17 @@ def test_a_host_builds_the_rows_of_its_next_clients_while_it_waits(tmp_path):
     prepared, built_now = host.run({0: payload}, later), fresh.run({0: payload}, later)
     assert torch.equal(prepared[0].vector, built_now[0].vector)
     assert np.array_equal(prepared[0].train_loss, built_now[0].train_loss)
+
+
+def test_a_long_quadratic_start_up_pass_is_announced(tmp_path, capsys, monkeypatch):
+    """The note before the population pass follows clients × n × (d_theta + d_w)^2, its cost."""
+    from raysim.engine import simulation
+
+    cfg = small_scenario(tmp_path, "data.kind=quadratic", "model.kind=quadratic", "algorithm.name=ffgg",
+                         "model.personal=[w]", "algorithm.local_steps=2", "data.num_clients=8", "data.n=20",
+                         "data.d_theta=4", "data.d_w=2", "execution.clients_per_round=4")
+    for threshold, noted in ((8 * 20 * 36, False), (8 * 20 * 36 - 1, True)):
+        monkeypatch.setattr(simulation, "LARGE_QUADRATIC", threshold)
+        simulation.prepare(cfg, create_output=False)
+        err = capsys.readouterr().err
+        assert ("note: drawing the statistics of all 8 quadratic clients once" in err) == noted, err

@@ -228,10 +228,15 @@ class ClientContext:
         steps = cfg.local_steps if steps is None else steps
         return self.plan(steps, getattr(cfg, "batch_size", 1), getattr(cfg, "local_epochs", 1), full_batch)
 
+    @functools.cached_property
+    def _problem(self):
+        """The quadratic problem of these clients alone, taken once for the task's oracles."""
+        return self.data.subset(self.client_ids)
+
     def oracle(self, plan: StepPlan | None = None):
         """The gradient oracle of these clients' data under ``plan`` (None: full gradients only)."""
         if self.quadratic:
-            return QuadraticOracle(self.data, self.client_ids, plan)
+            return QuadraticOracle(self._problem, plan)
         return RowOracle(self.model, self.data.features, self.data.labels, self.data.offsets,
                          plan, self.device, self.label_flip)
 

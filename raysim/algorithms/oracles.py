@@ -275,9 +275,9 @@ class QuadraticOracle:
     """Exact gradients of the quadratic problem's clients (:mod:`raysim.data.quadratic`): every
     step sees the client's whole objective."""
 
-    def __init__(self, problem, client_ids: np.ndarray, plan: StepPlan | None):
-        self.problem, self.plan = problem.subset(client_ids), plan  # the task's clients, taken once
-        self.d = problem.d_theta
+    def __init__(self, problem, plan: StepPlan | None):
+        """``problem``: the task's clients alone (:meth:`~raysim.data.quadratic.QuadraticProblem.subset`)."""
+        self.problem, self.plan, self.d = problem, plan, problem.d_theta
 
     def gradient(self, params: torch.Tensor, s: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         theta, w = params[:, :self.d], params[:, self.d:]

@@ -7,6 +7,13 @@ import numbers
 from raysim.data.federated import MAX_CLIENTS
 from raysim.errors import ScenarioError
 
+QUADRATIC_THREADS = 8  # at most this many quadratic clients are drawn and reduced at once (the population pass)
+
+
+def quadratic_shapes(d_theta: int, d_w: int) -> dict:
+    """A quadratic client's statistics ``P, q, C, D, e, c`` and their shapes, in that order."""
+    return {"P": (d_theta, d_theta), "q": (d_theta,), "C": (d_theta, d_w), "D": (d_w, d_w), "e": (d_w,), "c": ()}
+
 
 def check_num_clients(num_clients) -> int:
     """``data.num_clients`` must be an integer in [1, MAX_CLIENTS]."""

@@ -44,13 +44,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from raysim.data._checks import check_count, check_num_clients
+from raysim.data._checks import QUADRATIC_THREADS, check_count, check_num_clients, quadratic_shapes
 from raysim.data.cache import ClientCache
 from raysim.data.federated import _single_array
 from raysim.streams import Purpose, stream
 from raysim.threads import one_blas_thread, torch_threads
 
-STATS = ("P", "q", "C", "D", "e", "c")
+STATS = tuple(quadratic_shapes(1, 1))  # P, q, C, D, e, c
 CLIENTS_AT_ONCE = 64  # clients per chunk of the population pass: fixes the order of its sums
 _META_KEYS = ("n", "d_theta", "d_w", "num_clients")
 
@@ -78,12 +78,11 @@ class QuadraticLaw:
         H = rng.random((n, d_theta)) / d_theta
         A = rng.random((n, d_theta)) / d_theta
         B = rng.random((n, d_w)) / d_w
-        if self.realizable:
-            b = H @ self.theta_true
-            y = A @ self.theta_true + B @ rng.random(d_w)
-        else:
-            b, y = rng.random(n), rng.random(n)
-        with one_blas_thread():  # BLAS threads split A'B's and A'y's sums: their bits would follow the machine
+        w_true = rng.random(d_w) if self.realizable else None
+        b, y = (None, None) if self.realizable else (rng.random(n), rng.random(n))
+        with one_blas_thread():  # BLAS threads split A'B's and A'y's sums: their bits would follow the core count
+            if self.realizable:
+                b, y = H @ self.theta_true, A @ self.theta_true + B @ w_true
             return (H.T @ H + A.T @ A, H.T @ b + A.T @ y, A.T @ B, B.T @ B, B.T @ y,
                     np.asarray(0.5 * (b @ b + y @ y)))
 
@@ -117,7 +116,7 @@ def generate_quadratic(num_clients: int, n: int, d_theta: int, d_w: int, seed: i
     law = QuadraticLaw(seed, n, d_theta, d_w, realizable)
     d_theta, d_w = law.d_theta, law.d_w
     stats = tuple(torch.empty(num_clients, *shape, dtype=torch.float64) for shape in
-                  ((d_theta, d_theta), (d_theta,), (d_theta, d_w), (d_w, d_w), (d_w,), ()))
+                  quadratic_shapes(d_theta, d_w).values())
 
     def chunk(lo: int, hi: int) -> tuple:
         built = law.statistics(range(lo, hi))
@@ -158,13 +157,12 @@ class Population:
         """The population of clients ``0 … num_clients-1``; ``chunk(lo, hi)`` gives the stacked
         statistics of clients ``lo … hi-1``. Chunks of :data:`CLIENTS_AT_ONCE` run in threads and
         are summed in order, so the result does not depend on the threads."""
-        bounds = [(lo, min(lo + CLIENTS_AT_ONCE, num_clients)) for lo in range(0, num_clients, CLIENTS_AT_ONCE)]
         # one BLAS and one torch thread for every chunk, set here for all of them (a limit that
         # each thread set and restored on its own could be lifted while another still computes)
         with one_blas_thread(), torch_threads(1), \
-                ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+                ThreadPoolExecutor(min(QUADRATIC_THREADS, os.cpu_count() or 1)) as pool:
             totals = None
-            for part in pool.map(lambda bound: _chunk_totals(*chunk(*bound)), bounds):
+            for part in pool.map(lambda bound: _chunk_totals(*chunk(*bound)), _chunks(num_clients)):
                 totals = part if totals is None else _combine(totals, part)
         means = {k: totals[k] / num_clients for k in ("S", "s", "P", "q", "C", "D", "e")}
         scalars = {k: float(totals[k]) / num_clients for k in ("c", "best_c", "f_min")}
@@ -181,6 +179,11 @@ class Population:
         fields = json.loads(text)
         return cls(**{k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v
                       for k, v in fields.items()})
+
+
+def _chunks(num_clients: int) -> list:
+    """``(lo, hi)`` of the population's chunks of :data:`CLIENTS_AT_ONCE` clients, in order."""
+    return [(lo, min(lo + CLIENTS_AT_ONCE, num_clients)) for lo in range(0, num_clients, CLIENTS_AT_ONCE)]
 
 
 _EXTREMES = {"L": torch.maximum, "L_w": torch.maximum, "mu_w": torch.minimum, "L_f": torch.maximum}
@@ -235,11 +238,9 @@ class QuadraticProblem:
             torch.as_tensor(t, dtype=torch.float64) for t in (P, q, C, D, e, c))
         self.n = int(n)
         M, d_theta, d_w = self.C.shape
-        shapes = {"P": (M, d_theta, d_theta), "q": (M, d_theta), "D": (M, d_w, d_w),
-                  "e": (M, d_w), "c": (M,)}
-        for name, shape in shapes.items():
-            if tuple(getattr(self, name).shape) != shape:
-                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {shape}")
+        for name, shape in quadratic_shapes(d_theta, d_w).items():
+            if tuple(getattr(self, name).shape) != (M, *shape):
+                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {(M, *shape)}")
         self.num_clients, self.d_theta, self.d_w = M, d_theta, d_w
         if population is not None:
             self.population = population  # fills the cached property
@@ -257,8 +258,9 @@ class QuadraticProblem:
         """The statistics of clients ``lo … hi-1``."""
         return tuple(t[lo:hi] for t in (self.P, self.q, self.C, self.D, self.e, self.c))
 
-    def _take(self, ids) -> tuple:
-        """The statistics of clients ``ids`` (None: every client)."""
+    def _take(self, ids, keep: bool = True) -> tuple:
+        """The statistics of clients ``ids`` (None: every client); ``keep`` false: statistics built
+        now for them are not cached (on demand)."""
         stats = (self.P, self.q, self.C, self.D, self.e, self.c)
         if ids is None:
             return stats
@@ -303,8 +305,7 @@ class QuadraticProblem:
             return OnDemandQuadratic(QuadraticLaw(**json.loads(meta[b"law"])), json.loads(meta[b"num_clients"]),
                                      json.loads(meta[b"cache_bytes"]), population)
         M, d_theta, d_w, n = (json.loads(meta[k.encode()]) for k in ("num_clients", "d_theta", "d_w", "n"))
-        shapes = {"P": (d_theta, d_theta), "q": (d_theta,), "C": (d_theta, d_w),
-                  "D": (d_w, d_w), "e": (d_w,), "c": ()}
+        shapes = quadratic_shapes(d_theta, d_w)
         stats = []
         for name in STATS:
             arr = _single_array(table.column(name))
@@ -432,7 +433,8 @@ class QuadraticProblem:
         """``mean_m f_m(theta_m, w_m) - mean_m min f_m`` over every client. ``theta``: ``[d_theta]``
         shared or ``[M, d_theta]`` per client; ``w``: ``[d_w]`` shared, ``[M, d_w]`` per client,
         or None for each client's best response ``w_m*(theta_m)``. A shared model's mean comes from
-        the population's means; per-client models are evaluated a chunk of clients at a time."""
+        the population's means; per-client models are evaluated a chunk of clients at a time (built
+        on demand, every client's statistics: none of them is cached)."""
         pop = self.population
         theta = torch.as_tensor(theta, dtype=torch.float64)
         w = None if w is None else torch.as_tensor(w, dtype=torch.float64)
@@ -443,9 +445,8 @@ class QuadraticProblem:
                 mean = float(theta @ (0.5 * pop.P @ theta - pop.q + pop.C @ w) + w @ (0.5 * pop.D @ w - pop.e)) + pop.c
             return mean - pop.f_min
         total = 0.0
-        for lo in range(0, self.num_clients, CLIENTS_AT_ONCE):
-            hi = min(lo + CLIENTS_AT_ONCE, self.num_clients)
-            part = self.subset(np.arange(lo, hi))
+        for lo, hi in _chunks(self.num_clients):
+            part = QuadraticProblem(*self._take(np.arange(lo, hi), keep=False), n=self.n)
             rows = theta if theta.dim() == 1 else theta[lo:hi]
             personal = part.best_w(None, rows) if w is None else w if w.dim() == 1 else w[lo:hi]
             total += float(part.value(None, rows, personal).sum())
@@ -474,9 +475,11 @@ class OnDemandQuadratic(QuadraticProblem):
     def _chunk(self, lo: int, hi: int) -> tuple:
         return self.law.statistics(range(lo, hi))
 
-    def _take(self, ids) -> tuple:
+    def _take(self, ids, keep: bool = True) -> tuple:
         ids = np.arange(self.num_clients) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
-        return _stacked(self.clients(ids))
+        if len(ids) and not 0 <= ids.min() <= ids.max() < self.num_clients:
+            raise IndexError(f"client ids must lie in [0, {self.num_clients}), got {ids.min()} … {ids.max()}")
+        return _stacked(self.clients(ids, keep))
 
     @cached_property
     def table(self) -> pa.Table:

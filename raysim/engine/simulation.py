@@ -20,7 +20,9 @@ from raysim.metrics import OutputDir
 from raysim.system import SystemModel
 
 LARGE_EVALUATION = 100_000  # clients: above this, evaluating every one of them built on demand gets a note
-LARGE_QUADRATIC = 10 ** 7  # quadratic clients × rows: above this, the start-up pass over them gets a note
+# quadratic clients × n × (d_theta + d_w)^2, what the start-up pass over them costs (~13 s of a core at
+# 10^11): above this, it gets a note
+LARGE_QUADRATIC = 10 ** 11
 
 if TYPE_CHECKING:  # these import torch; prepare() loads them while ``meanwhile`` runs
     from raysim.data.quadratic import QuadraticProblem
@@ -54,7 +56,7 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     """
     check_fits(cfg)
     d = cfg.data
-    if d.kind == "quadratic" and d.num_clients * d.n > LARGE_QUADRATIC:
+    if d.kind == "quadratic" and d.num_clients * d.n * (d.d_theta + d.d_w) ** 2 > LARGE_QUADRATIC:
         print(f"note: drawing the statistics of all {d.num_clients:,} quadratic clients once, for θ*, the smoothness "
               "constants and the exact metrics (a pass over every client, kept only without data.on_demand)",
               file=sys.stderr)
