@@ -236,6 +236,8 @@ def _in_point(exc: ScenarioError, combo: dict, name: str) -> ScenarioError:
     for key in combo:
         if exc.key == key or exc.key.startswith((key + ".", key + "[")):
             return ScenarioError(f"grid key {exc.key}", exc.value, exc.allowed)
+        if key.startswith(exc.key + "."):  # the grid key lies below a key that does not exist
+            return ScenarioError(f"grid key {key}", combo[key], exc.allowed)
     return ScenarioError(exc.key, exc.value, f"{exc.allowed} (at sweep point {name})")
 
 
