@@ -125,8 +125,8 @@ def test_quadratic_on_demand_is_chosen_by_size_and_gives_the_same_run(tmp_path):
     assert builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=10000").data)
     assert not builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=1000").data)
     # a client's raw draws are not kept: 1.1 GB of them for 2 clients whose statistics are 276 KiB
-    assert not builds_on_demand(small_scenario(tmp_path, *ffgg, "data.num_clients=2", "data.n=600000",
-                                                    "execution.clients_per_round=2").data)
+    two = small_scenario(tmp_path, *ffgg, "data.num_clients=2", "data.n=600000", "execution.clients_per_round=2")
+    assert not builds_on_demand(two.data)
     quadratic = [*ffgg, "data.n=60", "data.d_theta=6", "data.d_w=3"]
     results = {}
     for on_demand in ("true", "false"):

@@ -119,7 +119,8 @@ def test_a_ray_point_in_process_gives_the_same_model(grid_sweep, tmp_path):
     (["--grid", "execution.rounds=1", "--repeat", "0"], "error: --repeat = 0: expected an integer >= 1"),
     (["--grid", "execution.rounds=1", "--parallel", "0"], "error: --parallel = 0: expected an integer >= 1"),
     (["--grid", "seed=1,2", "--repeat", "2"], "error: --repeat = 2: expected 1 when seed is a grid key"),
-], ids=["unknown-key", "unknown-section", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0", "parallel-0", "seed-repeat"])
+], ids=["unknown-key", "unknown-section", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0",
+        "parallel-0", "seed-repeat"])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, capsys, args, expected):
     out = tmp_path / "out"
     assert sweep(*args, "--out", str(out)) == 2
