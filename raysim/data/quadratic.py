@@ -258,9 +258,8 @@ class QuadraticProblem:
         """The statistics of clients ``lo … hi-1``."""
         return tuple(t[lo:hi] for t in (self.P, self.q, self.C, self.D, self.e, self.c))
 
-    def _take(self, ids, keep: bool = True) -> tuple:
-        """The statistics of clients ``ids`` (None: every client); ``keep`` false: statistics built
-        now for them are not cached (on demand)."""
+    def _take(self, ids) -> tuple:
+        """The statistics of clients ``ids`` (None: every client)."""
         stats = (self.P, self.q, self.C, self.D, self.e, self.c)
         if ids is None:
             return stats
@@ -433,8 +432,8 @@ class QuadraticProblem:
         """``mean_m f_m(theta_m, w_m) - mean_m min f_m`` over every client. ``theta``: ``[d_theta]``
         shared or ``[M, d_theta]`` per client; ``w``: ``[d_w]`` shared, ``[M, d_w]`` per client,
         or None for each client's best response ``w_m*(theta_m)``. A shared model's mean comes from
-        the population's means; per-client models are evaluated a chunk of clients at a time (built
-        on demand, every client's statistics: none of them is cached)."""
+        the population's means; per-client models are evaluated a chunk of clients at a time (on
+        demand, built as the population pass builds them: none of them is cached)."""
         pop = self.population
         theta = torch.as_tensor(theta, dtype=torch.float64)
         w = None if w is None else torch.as_tensor(w, dtype=torch.float64)
@@ -446,7 +445,7 @@ class QuadraticProblem:
             return mean - pop.f_min
         total = 0.0
         for lo, hi in _chunks(self.num_clients):
-            part = QuadraticProblem(*self._take(np.arange(lo, hi), keep=False), n=self.n)
+            part = QuadraticProblem(*self._chunk(lo, hi), n=self.n)
             rows = theta if theta.dim() == 1 else theta[lo:hi]
             personal = part.best_w(None, rows) if w is None else w if w.dim() == 1 else w[lo:hi]
             total += float(part.value(None, rows, personal).sum())
@@ -475,11 +474,11 @@ class OnDemandQuadratic(QuadraticProblem):
     def _chunk(self, lo: int, hi: int) -> tuple:
         return self.law.statistics(range(lo, hi))
 
-    def _take(self, ids, keep: bool = True) -> tuple:
+    def _take(self, ids) -> tuple:
         ids = np.arange(self.num_clients) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
         if len(ids) and not 0 <= ids.min() <= ids.max() < self.num_clients:
             raise IndexError(f"client ids must lie in [0, {self.num_clients}), got {ids.min()} … {ids.max()}")
-        return _stacked(self.clients(ids, keep))
+        return _stacked(self.clients(ids))
 
     @cached_property
     def table(self) -> pa.Table:
