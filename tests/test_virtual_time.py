@@ -118,6 +118,38 @@ def test_async_applies_in_virtual_time_order_with_staleness(tmp_path, aggregatio
     assert summary["final_test_accuracy"] is not None
 
 
+@pytest.mark.parametrize("overrides", [
+    ["execution.concurrency=30", "system.dropout=0.2", "system.availability.kind=bernoulli",
+     "system.availability.p=0.5"],
+    ["execution.concurrency=12", "execution.aggregation=fedbuff", "execution.buffer_size=4",
+     "execution.max_staleness=6"],
+    # few clients available: slots stay free, and the next dispatches fill several at once
+    ["execution.concurrency=30", "data.num_clients=40", "system.availability.kind=bernoulli",
+     "system.availability.p=0.6"],
+])
+def test_dispatches_drawn_ahead_are_the_one_at_a_time_draws(tmp_path, monkeypatch, overrides):
+    """The async driver draws the next completions' dispatches ahead (clients and task draws); the
+    run is the one in which every dispatch is drawn when its completion is handled."""
+    from raysim.engine.asynchronous import AsyncDriver
+
+    cfg = small_scenario(tmp_path / "ahead", *STRAGGLERS, "execution.mode=async", "execution.max_updates=300",
+                         "data.num_clients=100", "eval.every=50", "algorithm.server_lr=0.3", *overrides)
+    plans, plan = [], AsyncDriver._plan
+    monkeypatch.setattr(AsyncDriver, "_plan", lambda self, after: plans.append((len(self.ahead), self.lookahead))
+                        or plan(self, after))
+    ahead = _run(cfg)
+    ahead_events = _events(tmp_path / "ahead")
+    # plans were used past their first entry, and some were dropped when a new task ended first
+    assert len(plans) < 300 and max(size for _, size in plans) > 8 and any(left for left, _ in plans)
+    monkeypatch.setattr(AsyncDriver, "_planned", lambda self, after: None)
+    cfg.output.dir = str(tmp_path / "alone/out")
+    alone = _run(cfg)
+    alone_events = _events(tmp_path / "alone")
+    assert ahead["model_sha256"] == alone["model_sha256"] and ahead["virtual_time"] == alone["virtual_time"]
+    for column in ("client_id", "virtual_start", "virtual_end", "model_version", "staleness", "status"):
+        assert ahead_events[column] == alone_events[column], column
+
+
 def test_async_max_staleness_drops_and_virtual_time_budget(tmp_path):
     summary = _run(small_scenario(tmp_path, *STRAGGLERS, "execution.mode=async", "execution.concurrency=10",
                                   "execution.max_staleness=2", "execution.max_virtual_time=40",

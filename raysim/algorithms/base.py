@@ -78,15 +78,18 @@ class ClientUpdates:
 
     def first_nonfinite(self):
         """Index of the first client (in row order) with a non-finite loss or update, or None."""
+        hits = np.flatnonzero(self.nonfinite())
+        return int(hits[0]) if len(hits) else None
+
+    def nonfinite(self) -> np.ndarray:
+        """[C] bool: whether each client's loss or update has a non-finite value."""
+        bad = ~np.isfinite(self.train_loss)
         tensors = (self.vector, *self.extras.values())
         # a sum is finite only if every term is (a finite sum that overflows is checked row by row)
-        if np.isfinite(self.train_loss).all() and all(math.isfinite(t.sum()) for t in tensors):
-            return None
-        bad = ~np.isfinite(self.train_loss)
-        for tensor in tensors:
-            bad |= ~tensor.reshape(len(bad), -1).isfinite().all(1).numpy()
-        hits = np.flatnonzero(bad)
-        return int(hits[0]) if len(hits) else None
+        if bad.any() or not all(math.isfinite(t.sum()) for t in tensors):
+            for tensor in tensors:
+                bad |= ~tensor.reshape(len(bad), -1).isfinite().all(1).numpy()
+        return bad
 
     def __getstate__(self) -> dict:
         """Pickled with its tensors as numpy arrays: about 20 times cheaper both ways for the

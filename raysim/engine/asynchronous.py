@@ -7,13 +7,19 @@ dispatched with, is applied with staleness = current version − that version
 client available at that virtual time is dispatched. Real computation runs
 ahead in parallel on the actors: dispatched tasks are sent in small groups
 (actors queue them) and only the order of application is serial.
+
+While every slot is taken, each completion frees one slot and a new client fills it. The
+clients and task draws of the next completions' dispatches are drawn ahead in one pass
+(:class:`Planned`), each from the state the one-at-a-time loop would have then, and used
+only while the completions come in the order they were planned for, so results are the
+same as drawing them one by one.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +39,20 @@ def staleness_weight(cfg, staleness: int) -> float:
     if cfg.kind == "hinge":
         return 1.0 if staleness <= cfg.b else 1.0 / (cfg.a * (staleness - cfg.b) + 1.0)
     return 1.0
+
+
+LOOKAHEAD = 64  # at most this many dispatches drawn ahead at once
+
+
+@dataclass
+class Planned:
+    """A dispatch drawn ahead: the completion it follows (time, client, counter), the sampling
+    counter it takes, the client sampled and its task's draws (:meth:`SystemModel.task_draws`)."""
+
+    after: tuple
+    counter: int
+    client: int
+    draws: np.ndarray | None = None
 
 
 @dataclass
@@ -62,6 +82,7 @@ class Call:
     pending: object
     remaining: int
     results: list | None = None
+    nonfinite: np.ndarray | None = None  # per result: a non-finite loss or update
 
 
 class AsyncDriver:
@@ -79,6 +100,8 @@ class AsyncDriver:
         self.next_actor = 0
         self.step_began = time.perf_counter()
         self.started = False
+        self.ahead: deque = deque()  # Planned dispatches, in the order of the completions they follow
+        self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
 
     def versions_in_use(self):
         return {e.data.version for e in self.unsent}
@@ -116,6 +139,7 @@ class AsyncDriver:
         self.buffer = [(unpack_updates(packed), weight) for packed, weight in state["buffer"]]
         self.busy = state["busy"].numpy().copy()
         self.queue, self.unsent, self.calls = EventQueue(), [], {}
+        self.ahead, self.used = deque(), 0
         remaining = Counter()
         for r in state["in_flight"]:
             info = InFlight(r["version"], payloads[r["version"]], r["start"], r["failed"], r["call"], r["index"])
@@ -140,22 +164,22 @@ class AsyncDriver:
         if info.failed:
             self._log(event, None, "failed", 0)
         else:
-            update = self._result(event)
+            update, nonfinite = self._result(event)
             staleness = s.version - info.version
             if self.ex.max_staleness is not None and staleness > self.ex.max_staleness:
                 self._log(event, update, "stale", staleness)
             else:
-                self._apply(event, update, staleness)
+                self._apply(event, update, staleness, nonfinite)
         if not s.done and self._should_stop():
             self._stop()
         if not s.done:
-            self._dispatch()
+            self._dispatch(event)
 
     # ------------------------------------------------------------------ server side
 
-    def _apply(self, event: Event, update: ClientUpdates, staleness: int) -> None:
+    def _apply(self, event: Event, update: ClientUpdates, staleness: int, nonfinite: bool) -> None:
         s = self.s
-        if s.judges_each_update and update.first_nonfinite() is not None:
+        if s.judges_each_update and nonfinite:
             s.done = True
             self._log(event, update, "diverged", staleness)
             raise DivergenceError(
@@ -207,16 +231,23 @@ class AsyncDriver:
 
     # ------------------------------------------------------------------ dispatch
 
-    def _dispatch(self) -> None:
-        """Fill the free concurrency slots with clients available now."""
+    def _dispatch(self, after: Event | None = None) -> None:
+        """Fill the free concurrency slots with clients available now (``after``: the completion
+        just handled, whose slot a planned dispatch may fill)."""
         s = self.s
         free = self.ex.concurrency - len(self.queue)
         if free <= 0:
             return
-        clients = s.sample(free, exclude=self.busy, excluded_count=len(self.queue))  # one event per busy client
+        planned = self._planned(after) if free == 1 and after is not None else None
+        if planned is None:
+            clients = s.sample(free, exclude=self.busy, excluded_count=len(self.queue))  # one event per busy client
+            draws = None
+        else:
+            clients, draws = np.array([planned.client]), planned.draws[None]
+            s.counter += 1
         self.busy[clients] = True
         counter = s.counter
-        timing = s.timing(clients, np.full(len(clients), counter))
+        timing = s.timing(clients, np.full(len(clients), counter), draws)
         s.payload_handle()
         payload = s.payload()
         for i, c in enumerate(clients):
@@ -228,6 +259,51 @@ class AsyncDriver:
                 self.unsent.append(event)
         if len(self.unsent) >= self.s.task_size:
             self._send()
+
+    def _planned(self, after: Event) -> Planned | None:
+        """The dispatch planned to follow ``after`` with the current sampling counter, planning
+        anew when the plan is used up or was made for another order of completions (None if no
+        client is available at once: :meth:`Scheduler.sample` then waits for one)."""
+        # the counter check guards against any draw of a counter in between
+        if self.ahead and self.ahead[0].after == (after.time, after.client_id, after.counter) \
+                and self.ahead[0].counter == self.s.counter:
+            self.used += 1
+            return self.ahead.popleft()
+        if self.ahead:  # made for another order of completions: plan no further than it held
+            self.lookahead = max(1, self.used)
+        elif self.used:  # used up
+            self.lookahead = min(LOOKAHEAD, 2 * self.lookahead)
+        self.ahead, self.used = self._plan(after), 1
+        return self.ahead.popleft() if self.ahead else None
+
+    def _plan(self, after: Event) -> deque:
+        """Dispatches for ``after`` and the next completions in the queue, drawn as the one-at-a-time
+        loop would draw them if the completions come in this order: each frees its client, then
+        the next sampling counter picks a client among those available at its time and not busy."""
+        s = self.s
+        upcoming = [self.queue.pop() for _ in range(min(self.lookahead - 1, len(self.queue)))]
+        for event in upcoming:
+            self.queue.push(event)
+        busy, counter, plan, flipped = self.busy, s.counter, deque(), []  # busy is put back as it was
+        try:
+            for event in [after] + upcoming:
+                if busy[event.client_id]:
+                    busy[event.client_id] = False
+                    flipped.append(event.client_id)
+                client = s.system.sample_available(event.time, counter, 1, busy, len(self.queue))
+                if not len(client):
+                    break
+                busy[client] = True
+                flipped.append(int(client[0]))
+                plan.append(Planned((event.time, event.client_id, event.counter), counter, int(client[0])))
+                counter += 1
+        finally:
+            np.logical_xor.at(busy, flipped, True)  # each flip undone (a client may flip twice)
+        if plan:  # a task's counter is the one after its sampling counter (as in _dispatch)
+            draws = s.system.task_draws([p.client for p in plan], [p.counter + 1 for p in plan])
+            for p, row in zip(plan, draws):
+                p.draws = row
+        return plan
 
     def _send(self) -> None:
         """Send the unsent tasks in groups of ``clients_per_task`` clients (trained together,
@@ -254,17 +330,19 @@ class AsyncDriver:
         self.next_actor = (self.next_actor + 1) % s.runtime.num_actors
         self.calls[number] = Call(task, payloads, pending, remaining)
 
-    def _result(self, event: Event) -> ClientUpdates:
+    def _result(self, event: Event) -> tuple[ClientUpdates, bool]:
+        """The event's update and whether it has a non-finite value (checked once per call)."""
         info: InFlight = event.data
         if info.call < 0:
             self._send()
         call = self.calls[info.call]
         if call.results is None:
-            call.results = self.s.runtime.gather([call.pending])[0][0].split()
+            updates = self.s.runtime.gather([call.pending])[0][0]
+            call.results, call.nonfinite = updates.split(), updates.nonfinite()
         call.remaining -= 1
         if call.remaining == 0:
             del self.calls[info.call]
-        return call.results[info.index]
+        return call.results[info.index], bool(call.nonfinite[info.index])
 
     def _log(self, event: Event, update: ClientUpdates | None, status: str, staleness: int) -> None:
         s, info = self.s, event.data

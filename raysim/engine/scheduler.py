@@ -258,14 +258,15 @@ class Scheduler:
             return np.full(len(updates.client_ids), 1.0 / len(updates.client_ids))
         return updates.samples / updates.samples.sum()
 
-    def timing(self, clients: np.ndarray, counters: np.ndarray):
+    def timing(self, clients: np.ndarray, counters: np.ndarray, draws: np.ndarray | None = None):
         """Virtual durations of training tasks for ``clients`` dispatched with ``counters``, from the
-        work and message sizes the algorithm declares for the current payload."""
+        work and message sizes the algorithm declares for the current payload (``draws``: the
+        tasks' :meth:`SystemModel.task_draws`, if drawn already)."""
         payload = self.payload()
         work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
         down = sum(t.numel() * t.element_size() for t in payload.values())
         up = self.algorithm.upload_size(payload) * self.value_bytes
-        return self.system.task_timing(clients, counters, work, down, up)
+        return self.system.task_timing(clients, counters, work, down, up, draws)
 
     def evaluate_if_due(self, step: int, final: bool = False) -> dict:
         """Evaluate the global model when ``step`` is an evaluation step (or ``final``)."""

@@ -168,20 +168,26 @@ class SystemModel:
 
     # ------------------------------------------------------------------ task timing
 
-    def task_timing(self, client_ids, counters, work, bytes_down: int, bytes_up: int) -> TaskTiming:
+    def task_draws(self, client_ids, counters) -> np.ndarray:
+        """[N, 3]: the random draws of each task, from its own stream ``(Purpose.SYSTEM_TASK, client,
+        counter)`` in this order: a standard normal (compute noise), a uniform (dropout coin) and a
+        failure point in (0, 1). A task's draws do not depend on the other tasks in the call."""
+        ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
+        counters = _per_task(counters, ids, np.int64)
+        draws = np.empty((len(ids), 3))
+        for i, rng in enumerate(streams(self.seed, Purpose.SYSTEM_TASK, np.stack([ids, counters], 1))):
+            draws[i] = rng.standard_normal(), rng.random(), rng.integers(1, 2 ** 53) / 2 ** 53
+        return draws
+
+    def task_timing(self, client_ids, counters, work, bytes_down: int, bytes_up: int,
+                    draws: np.ndarray | None = None) -> TaskTiming:
         """Virtual timing of tasks: client ``client_ids[i]`` dispatched with ``counters[i]``
         processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes.
-
-        A task's random draws (noise, dropout coin, failure point) come only from
-        stream ``(Purpose.SYSTEM_TASK, client, counter)``, always in the same
-        order, so a task's timing does not depend on the other tasks in the call.
-        """
+        ``draws``: their :meth:`task_draws`, if drawn already (a task's timing is a function of
+        its draws, profile, work and message sizes)."""
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
-        counters, work = _per_task(counters, ids, np.int64), _per_task(work, ids, np.float64)
-        z, coin, frac = np.empty(len(ids)), np.empty(len(ids)), np.empty(len(ids))
-        for i, rng in enumerate(streams(self.seed, Purpose.SYSTEM_TASK, np.stack([ids, counters], 1))):
-            z[i], coin[i] = rng.standard_normal(), rng.random()
-            frac[i] = rng.integers(1, 2 ** 53) / 2 ** 53  # in (0, 1): a failure strictly inside the task
+        work = _per_task(work, ids, np.float64)
+        z, coin, frac = (self.task_draws(ids, counters) if draws is None else draws).T
         c, p = self.cfg.compute, self.profile
         compute_s = work * c.seconds_per_sample / p["speed"][ids] * np.exp(c.noise * z)
         comm_s = (2.0 * p["latency_s"][ids] + bytes_down * 8 / (p["down_mbps"][ids] * 1e6)
