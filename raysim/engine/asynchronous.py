@@ -52,7 +52,7 @@ class Planned:
     after: tuple
     counter: int
     client: int
-    draws: np.ndarray | None = None
+    draws: np.ndarray
 
 
 @dataclass
@@ -284,26 +284,27 @@ class AsyncDriver:
         upcoming = [self.queue.pop() for _ in range(min(self.lookahead - 1, len(self.queue)))]
         for event in upcoming:
             self.queue.push(event)
-        busy, counter, plan, flipped = self.busy, s.counter, deque(), []  # busy is put back as it was
+        busy, flipped = self.busy, []  # put back as it was
+        follows, counters, clients = [], [], []
         try:
             for event in [after] + upcoming:
                 if busy[event.client_id]:
                     busy[event.client_id] = False
                     flipped.append(event.client_id)
+                counter = s.counter + len(clients)  # one sampling counter per dispatch
                 client = s.system.sample_available(event.time, counter, 1, busy, len(self.queue))
                 if not len(client):
                     break
                 busy[client] = True
                 flipped.append(int(client[0]))
-                plan.append(Planned((event.time, event.client_id, event.counter), counter, int(client[0])))
-                counter += 1
+                follows.append((event.time, event.client_id, event.counter))
+                counters.append(counter)
+                clients.append(int(client[0]))
         finally:
             np.logical_xor.at(busy, flipped, True)  # each flip undone (a client may flip twice)
-        if plan:  # a task's counter is the one after its sampling counter (as in _dispatch)
-            draws = s.system.task_draws([p.client for p in plan], [p.counter + 1 for p in plan])
-            for p, row in zip(plan, draws):
-                p.draws = row
-        return plan
+        # a task's counter is the one after its sampling counter (as in _dispatch)
+        draws = s.system.task_draws(clients, np.array(counters, dtype=np.int64) + 1) if clients else []
+        return deque(map(Planned, follows, counters, clients, draws))
 
     def _send(self) -> None:
         """Send the unsent tasks in groups of ``clients_per_task`` clients (trained together,
