@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import small_scenario
 
+from raysim.engine.run import Tally
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.simulation import prepare, run_scenario
 from raysim.system import SystemModel
@@ -51,6 +52,28 @@ def test_outputs_have_the_promised_columns_and_rows(tmp_path):
     assert set(state) == {"1.weight", "1.bias", "3.weight", "3.bias"}
     resolved = (out / "scenario.yaml").read_text()
     assert "num_clients: 40" in resolved and f"dir: {tmp_path}/out" in resolved
+
+
+def test_evaluation_time_is_logged_apart_from_the_training_rate(tmp_path):
+    cfg = small_scenario(tmp_path, "eval.every=2", "execution.rounds=6")
+    summary = _run(cfg)
+    rounds = pq.read_table(tmp_path / "out" / "rounds.parquet").to_pydict()
+    wall, evaluating = np.array(rounds["wall_time"]), np.array(rounds["eval_seconds"])
+    assert (evaluating > 0).all()  # diagnostics at least
+    assert (evaluating[1::2] > evaluating[0::2]).all()  # the evaluation steps: 2, 4, 6
+    training = np.array(rounds["clients"]) / np.array(rounds["updates_per_second"])
+    assert (training[1:] + evaluating[1:] <= np.diff(wall) + 1e-9).all()  # each step's wall holds both
+    steady = sum(rounds["clients"][1:]) / (wall[-1] - wall[0] - evaluating[1:].sum())
+    assert summary["steady_updates_per_second"] == pytest.approx(steady, rel=1e-9)
+
+
+def test_steady_rate_leaves_out_warm_up_and_evaluation():
+    tally = Tally()
+    tally.add({"events": None, "rounds": [
+        {"wall_time": 5.0, "clients": 10, "eval_seconds": 4.0},  # the first step: warm-up, left out
+        {"wall_time": 6.0, "clients": 10, "eval_seconds": 0.0},
+        {"wall_time": 10.0, "clients": 10, "eval_seconds": 3.0}]})  # a final evaluation of 3 s
+    assert tally.steady_rate() == 20 / 2.0
 
 
 def test_training_improves_accuracy(tmp_path):

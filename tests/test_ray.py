@@ -13,7 +13,7 @@ from conftest import small_scenario
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.simulation import prepare, run_scenario
 
-WALL_COLUMNS = {"wall_time", "updates_per_second", "compute_seconds", "actor", "node"}
+WALL_COLUMNS = {"wall_time", "updates_per_second", "eval_seconds", "compute_seconds", "actor", "node"}
 
 
 def _run(cfg, runtime):

@@ -41,7 +41,7 @@ CASES = {
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",
                                  "data.cache_mb=0.002"],  # per-client models; statistics of 3 clients kept
 }
-WALL_COLUMNS = {"rounds.parquet": {"wall_time", "updates_per_second"},
+WALL_COLUMNS = {"rounds.parquet": {"wall_time", "updates_per_second", "eval_seconds"},
                 "events.parquet": {"compute_seconds", "actor", "node"}}
 
 

@@ -31,7 +31,8 @@ ROUNDS_SCHEMA = pa.schema([
     ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
     ("personalized_accuracy", pa.float64()), ("personalized_accuracy_mean", pa.float64()),
     ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
-    ("updates_per_second", pa.float64()), ("late", pa.int64()), ("dropped", pa.int64()),
+    ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()), ("late", pa.int64()),
+    ("dropped", pa.int64()),
     ("failed", pa.int64()), ("stale", pa.int64()),
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
     ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
@@ -51,13 +52,14 @@ SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last check
 @dataclass
 class Tally:
     """Running totals for the summary: task statuses, rounds logged, and the updates applied and
-    wall time after the first round (the steady rate, warm-up excluded)."""
+    wall time after the first round (the steady rate, warm-up and evaluation excluded)."""
 
     statuses: dict = field(default_factory=dict)
     rounds: int = 0
     first_wall: float = math.nan
     last_wall: float = math.nan
     steady_updates: int = 0
+    steady_eval_seconds: float = 0.0  # evaluation and diagnostics between the first and the last row
     diagnostics: dict = field(default_factory=dict)  # the last non-null value of each DIAGNOSTICS column
 
     def add(self, report: dict) -> None:
@@ -71,13 +73,14 @@ class Tally:
                 self.first_wall = row["wall_time"]
             else:
                 self.steady_updates += row["clients"]
+                self.steady_eval_seconds += row["eval_seconds"]
             self.last_wall = row["wall_time"]
             self.rounds += 1
             self.diagnostics.update({k: row[k] for k in DIAGNOSTICS if row.get(k) is not None})
 
     def steady_rate(self) -> float | None:
-        """Applied updates per wall second after the first server step."""
-        seconds = self.last_wall - self.first_wall
+        """Applied updates per wall second after the first server step, evaluation excluded."""
+        seconds = self.last_wall - self.first_wall - self.steady_eval_seconds
         return self.steady_updates / seconds if self.rounds >= 2 and seconds > 0 else None
 
 

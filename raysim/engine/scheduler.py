@@ -269,13 +269,16 @@ class Scheduler:
         return self.system.task_timing(clients, counters, work, down, up, draws)
 
     def evaluate_if_due(self, step: int, final: bool = False) -> dict:
-        """Evaluate the global model when ``step`` is an evaluation step (or ``final``)."""
+        """Evaluate the global model when ``step`` is an evaluation step (or ``final``); the row also
+        holds ``eval_seconds``, the wall time that took (0 when nothing was due)."""
+        began = time.perf_counter()
         every = self.cfg.eval.every
         row = dict.fromkeys(EVAL_COLUMNS, math.nan)
         if (final or (every > 0 and step % every == 0)) and self.evaluator is not None:
             row["test_loss"], row["test_accuracy"] = self.evaluator(self.algorithm.global_params(self.state))
             row.update(self._personalized())
             self.last_eval.update(row)
+        row["eval_seconds"] = time.perf_counter() - began
         return row
 
     def _personalized(self) -> dict:
@@ -302,15 +305,22 @@ class Scheduler:
                 "personalized_accuracy_ci95": ci}
 
     def log_round(self, updates, clients: int, samples: int, round_wall: float, eval_row: dict, **counts) -> None:
-        """One rounds.parquet row for the server step just taken (missing values as nulls)."""
+        """One rounds.parquet row for the server step just taken (missing values as nulls). Its
+        ``eval_seconds`` (evaluation and diagnostics) count in ``wall_time`` but not in
+        ``updates_per_second``: ``round_wall`` includes ``eval_row``'s evaluation, which is taken out."""
         loss = (float(np.dot(updates.samples, updates.train_loss) / updates.samples.sum())
                 if updates is not None and len(updates.client_ids) else math.nan)
+        diagnosing = time.perf_counter()
+        diagnostics = self._diagnostics()
+        now = time.perf_counter()
+        training = round_wall - eval_row["eval_seconds"]
         row = {
-            "round": self.version, "virtual_time": self.clock, "wall_time": time.perf_counter() - self.began,
+            "round": self.version, "virtual_time": self.clock, "wall_time": now - self.began,
             "train_loss": loss, **eval_row, "clients": clients, "samples": samples,
-            "updates_per_second": clients / round_wall if round_wall > 0 else math.nan,
+            "updates_per_second": clients / training if training > 0 else math.nan,
+            "eval_seconds": eval_row["eval_seconds"] + now - diagnosing,
             **{k: counts.get(k, 0) for k in ("late", "dropped", "failed", "stale")},
-            **self._diagnostics(),
+            **diagnostics,
         }
         self._rounds.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
 
