@@ -26,7 +26,8 @@ FEDBUFF = STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff",
                         "execution.concurrency=6", "execution.max_updates=40", "eval.every=3"]
 FEDASYNC = STRAGGLERS + ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=25",
                          "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=5"]
-WALL_COLUMNS = {"rounds": ("wall_time", "updates_per_second", "eval_seconds"), "events": ("compute_seconds", "actor", "node")}
+WALL_COLUMNS = {"rounds": ("wall_time", "updates_per_second", "eval_seconds"),
+                "events": ("compute_seconds", "actor", "node")}
 
 
 def _scheduler(cfg):

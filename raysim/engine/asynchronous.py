@@ -209,9 +209,9 @@ class AsyncDriver:
         done = self._should_stop()
         eval_row = s.evaluate_if_due(s.version, final=done)
         s.done = done or self._should_stop()  # the evaluation may have reached target_accuracy
-        now = time.perf_counter()
-        s.log_round(updates, len(updates.client_ids), int(updates.samples.sum()), now - self.step_began, eval_row)
-        self.step_began = now
+        s.log_round(updates, len(updates.client_ids), int(updates.samples.sum()),
+                    time.perf_counter() - self.step_began, eval_row)
+        self.step_began = time.perf_counter()  # after the row's diagnostics, which count in its eval_seconds
 
     def _should_stop(self) -> bool:
         s, ex = self.s, self.ex

@@ -31,9 +31,8 @@ ROUNDS_SCHEMA = pa.schema([
     ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
     ("personalized_accuracy", pa.float64()), ("personalized_accuracy_mean", pa.float64()),
     ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
-    ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()), ("late", pa.int64()),
-    ("dropped", pa.int64()),
-    ("failed", pa.int64()), ("stale", pa.int64()),
+    ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
+    ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
     ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
     ("parameters", pa.list_(pa.float64())),  # eval.curvature: the global model's flat parameters (else null)

@@ -109,10 +109,14 @@ def point_row(point) -> dict:
            "raysim_version": measured.get("raysim_version"), "git_commit": measured.get("git_commit")}
     if status != "completed":
         return row
-    wall = pq.read_table(point.dir / "rounds.parquet", columns=["wall_time"]).column("wall_time").to_pylist()
+    path = point.dir / "rounds.parquet"
+    logged = [c for c in ("wall_time", "eval_seconds") if c in pq.ParquetDataset(path).schema.names]
+    rounds = pq.read_table(path, columns=logged).to_pydict()
+    wall = rounds["wall_time"]
+    evaluating = rounds.get("eval_seconds", [0.0] * len(wall))  # a run written before raysim logged it
     ups = summary["steady_updates_per_second"]
-    if point.cfg.execution.mode == "sync":
-        steps = [b - a for a, b in zip([0.0] + wall[:-1], wall)]  # a round's wall: since the previous row
+    if point.cfg.execution.mode == "sync":  # a round's wall since the previous row, its evaluation left out
+        steps = [b - a - e for a, b, e in zip([0.0] + wall[:-1], wall, evaluating)]
         per_round = steady(steps, point.cfg.execution.clients_per_round)[1]
     else:
         per_round = 1.0 / ups if ups else None
