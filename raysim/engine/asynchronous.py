@@ -281,9 +281,7 @@ class AsyncDriver:
         loop would draw them if the completions come in this order: each frees its client, then
         the next sampling counter picks a client among those available at its time and not busy."""
         s = self.s
-        upcoming = [self.queue.pop() for _ in range(min(self.lookahead - 1, len(self.queue)))]
-        for event in upcoming:
-            self.queue.push(event)
+        upcoming = self.queue.first(self.lookahead - 1)
         busy, flipped = self.busy, []  # put back as it was
         follows, counters, clients = [], [], []
         try:

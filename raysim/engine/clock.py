@@ -30,6 +30,12 @@ class EventQueue:
     def pop(self) -> Event:
         return heapq.heappop(self._heap)[3]
 
+    def first(self, n: int) -> list:
+        """The first ``n`` queued events (fewer if fewer are queued) in the order they will be popped;
+        the queue is left as it is."""
+        heap = self._heap.copy()
+        return [heapq.heappop(heap)[3] for _ in range(min(n, len(heap)))]
+
     def events(self) -> list:
         """The queued events in the order they will be popped (the queue is left as it is)."""
         return [entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3])]
