@@ -211,3 +211,20 @@ def test_async_fedasync_restored_run_is_the_same_run(tmp_path):
     state = _restored_run_is_the_same_run(tmp_path, small_scenario(tmp_path, *FEDASYNC),
                                           lambda s: _mid_flight(s, buffered=False))
     assert state.driver["calls"] and state.applied < 25
+
+
+def test_advance_stops_at_the_checkpoint_version_also_inside_windows(tmp_path, monkeypatch):
+    """``advance(..., stop_version)`` ends exactly at that server version (where the driver takes a
+    checkpoint), although the asynchronous driver handles windows of completions at once."""
+    from raysim.engine.asynchronous import AsyncDriver
+
+    windows, handle = [], AsyncDriver._handle_window
+    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, window: windows.append(len(window))
+                        or handle(self, window))
+    scheduler = _scheduler(small_scenario(tmp_path, *STRAGGLERS, "execution.mode=async", "execution.concurrency=30",
+                                          "execution.max_updates=200", "data.num_clients=100"))
+    versions = []
+    while not scheduler.done:
+        versions.append(scheduler.advance(60.0, stop_version=(len(versions) + 1) * 7)["version"])
+    assert versions[:-1] == [7 * (i + 1) for i in range(len(versions) - 1)] and versions[-1] == 200
+    assert sum(windows) > 100

@@ -123,31 +123,42 @@ def test_async_applies_in_virtual_time_order_with_staleness(tmp_path, aggregatio
      "system.availability.p=0.5"],
     ["execution.concurrency=12", "execution.aggregation=fedbuff", "execution.buffer_size=4",
      "execution.max_staleness=6"],
-    # few clients available: slots stay free, and the next dispatches fill several at once
+    # the run stops at a virtual time, or at an evaluation: windows end before either
+    ["execution.concurrency=30", "execution.max_virtual_time=80", "execution.max_updates=null"],
+    ["execution.concurrency=30", "execution.target_accuracy=0.5", "eval.every=7"],
+    # few clients available: slots often stay free, and the next dispatches fill several at once
     ["execution.concurrency=30", "data.num_clients=40", "system.availability.kind=bernoulli",
      "system.availability.p=0.6"],
 ])
 def test_dispatches_drawn_ahead_are_the_one_at_a_time_draws(tmp_path, monkeypatch, overrides):
-    """The async driver draws the next completions' dispatches ahead (clients and task draws); the
-    run is the one in which every dispatch is drawn when its completion is handled."""
+    """The async driver draws the next completions' dispatches ahead (clients, task draws and
+    timings) and handles windows of completions at once; the run is the one in which every
+    dispatch is drawn when its completion is handled, one completion at a time."""
     from raysim.engine.asynchronous import AsyncDriver
 
     cfg = small_scenario(tmp_path / "ahead", *STRAGGLERS, "execution.mode=async", "execution.max_updates=300",
                          "data.num_clients=100", "eval.every=50", "algorithm.server_lr=0.3", *overrides)
-    plans, plan = [], AsyncDriver._plan
-    monkeypatch.setattr(AsyncDriver, "_plan", lambda self, after: plans.append((len(self.ahead), self.lookahead))
-                        or plan(self, after))
+    plans, windows, plan, handle = [], [], AsyncDriver._plan, AsyncDriver._handle_window
+    monkeypatch.setattr(AsyncDriver, "_plan", lambda self, completions, in_flight:
+                        plans.append((len(self.ahead), len(completions))) or plan(self, completions, in_flight))
+    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, window:
+                        windows.append(len(window)) or handle(self, window))
     ahead = _run(cfg)
     ahead_events = _events(tmp_path / "ahead")
     # plans were used past their first entry, and some were dropped when a new task ended first
     assert len(plans) < 300 and max(size for _, size in plans) > 8 and any(left for left, _ in plans)
+    assert sum(windows) > 30 and all(size >= 2 for size in windows)
     monkeypatch.setattr(AsyncDriver, "_planned", lambda self, after: None)
+    monkeypatch.setattr(AsyncDriver, "_window", lambda self: [])
     cfg.output.dir = str(tmp_path / "alone/out")
     alone = _run(cfg)
     alone_events = _events(tmp_path / "alone")
     assert ahead["model_sha256"] == alone["model_sha256"] and ahead["virtual_time"] == alone["virtual_time"]
-    for column in ("client_id", "virtual_start", "virtual_end", "model_version", "staleness", "status"):
+    for column in ("client_id", "actor", "virtual_start", "virtual_end", "model_version", "staleness", "status"):
         assert ahead_events[column] == alone_events[column], column
+    ahead_rounds, alone_rounds = _rounds(tmp_path / "ahead"), _rounds(tmp_path / "alone")
+    for column in ("round", "virtual_time", "train_loss", "test_accuracy", "clients"):
+        assert ahead_rounds[column] == alone_rounds[column], column
 
 
 def test_async_max_staleness_drops_and_virtual_time_budget(tmp_path):

@@ -296,14 +296,23 @@ class Algorithm:
     own, see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients
     keep state between visits; ``personalised``: the model has a personal part w that never
     leaves the client (``model.personal``); ``gradients_per_step``: gradient evaluations per
-    local step, for the work a task declares; ``sample_weighted``: a synchronous round weights
-    updates by the clients' training samples (false: a plain mean)."""
+    local step, for the work a task declares; ``work_reads_payload``: :meth:`work` depends on the
+    payload's values, not only on its shapes (a task's virtual duration then cannot be known before
+    its model version exists; a subclass that overrides :meth:`work` and does not say is taken to
+    read them); ``sample_weighted``: a synchronous round weights updates by the
+    clients' training samples (false: a plain mean)."""
 
     Keys = FedAvgKeys
     stateful = False
     personalised = False
     gradients_per_step = 1
+    work_reads_payload = False
     sample_weighted = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "work" in vars(cls) and "work_reads_payload" not in vars(cls):
+            cls.work_reads_payload = True
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model

@@ -13,6 +13,13 @@ clients and task draws of the next completions' dispatches are drawn ahead in on
 (:class:`Planned`), each from the state the one-at-a-time loop would have then, and used
 only while the completions come in the order they were planned for, so results are the
 same as drawing them one by one.
+
+The planned dispatches' virtual durations are known too (unless the algorithm's work reads the
+payload's values), so the driver can tell how many of the next completions come before any task
+it is about to dispatch: those are handled as one window (:meth:`AsyncDriver._window`): their
+updates and server steps first, then their dispatches, then their event rows. Each step of the
+one-at-a-time loop happens in the same order on the same values, so the results are the same
+bytes; the gain is that each kind of work runs many times in a row.
 """
 
 from __future__ import annotations
@@ -42,17 +49,24 @@ def staleness_weight(cfg, staleness: int) -> float:
 
 
 LOOKAHEAD = 64  # at most this many dispatches drawn ahead at once
+EVENT_COLUMNS = {"round": np.int64, "client_id": np.int64, "actor": np.int64, "samples": np.int64,
+                 "train_loss": np.float64, "compute_seconds": np.float64, "virtual_start": np.float64,
+                 "virtual_end": np.float64, "model_version": np.int64, "staleness": np.int64, "status": str}
 
 
 @dataclass
 class Planned:
     """A dispatch drawn ahead: the completion it follows (time, client, counter), the sampling
-    counter it takes, the client sampled and its task's draws (:meth:`SystemModel.task_draws`)."""
+    counter it takes, the client sampled, its task's draws (:meth:`SystemModel.task_draws`) and,
+    when the algorithm's work does not read the payload, the task's timing: when it will be
+    known to have ended (seconds after dispatch) and whether it fails."""
 
     after: tuple
     counter: int
     client: int
     draws: np.ndarray
+    known_at: float | None = None
+    failed: bool = False
 
 
 @dataclass
@@ -102,6 +116,7 @@ class AsyncDriver:
         self.started = False
         self.ahead: deque = deque()  # Planned dispatches, in the order of the completions they follow
         self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
+        self.rows: list = []  # event rows not yet handed to the scheduler (EVENT_COLUMNS, in order)
 
     def versions_in_use(self):
         return {e.data.version for e in self.unsent}
@@ -153,27 +168,99 @@ class AsyncDriver:
             self._submit(number, task, {v: payloads[v] for v in task.versions}, remaining[number])
 
     def step(self) -> None:
-        s = self.s
+        """Handle the next completion, or the next window of them (:meth:`_window`)."""
         if not self.started:
             self.started = True
             self._dispatch()
+        try:
+            window = self._window()
+            if window:
+                self._handle_window(window)
+            else:
+                self._handle_next()
+        finally:
+            self._flush_rows()
+
+    def _handle_next(self) -> None:
+        """The one-at-a-time loop: the earliest completion, then a stop or its slot's dispatch."""
+        s = self.s
         event = self.queue.pop()
+        self._complete(event)
+        if not s.done and self._should_stop():
+            self._stop()
+        if not s.done:
+            self._dispatch(event)
+
+    def _complete(self, event: Event) -> None:
+        """Free the event's client, move the clock to it and log, drop or apply its update."""
+        s = self.s
         self.busy[event.client_id] = False
         s.clock = event.time
         info: InFlight = event.data
         if info.failed:
             self._log(event, None, "failed", 0)
+            return
+        update, nonfinite = self._result(event)
+        staleness = s.version - info.version
+        if self.ex.max_staleness is not None and staleness > self.ex.max_staleness:
+            self._log(event, update, "stale", staleness)
         else:
-            update, nonfinite = self._result(event)
-            staleness = s.version - info.version
-            if self.ex.max_staleness is not None and staleness > self.ex.max_staleness:
-                self._log(event, update, "stale", staleness)
-            else:
-                self._apply(event, update, staleness, nonfinite)
-        if not s.done and self._should_stop():
-            self._stop()
-        if not s.done:
-            self._dispatch(event)
+            self._apply(event, update, staleness, nonfinite)
+
+    def _window(self) -> list:
+        """The next completions, with their planned dispatches, that can be handled together:
+        every slot is taken (each completion's slot goes to its planned dispatch), each comes
+        before every task the window dispatches, none of them is unsent (a send of a partial
+        group would change how tasks are grouped), and none can end the run or pass the
+        scheduler's ``stop_version`` (no step in it reaches ``max_updates``,
+        ``max_virtual_time``, or an evaluation that ``target_accuracy`` may stop at). Fewer
+        than two: [] (the one-at-a-time loop handles the next one)."""
+        s, ex = self.s, self.ex
+        if len(self.queue) < ex.concurrency or s.algorithm.work_reads_payload:
+            return []
+        limit = LOOKAHEAD
+        if ex.max_updates is not None:
+            limit = min(limit, ex.max_updates - s.applied - 1)
+        if s.stop_version is not None:
+            limit = min(limit, s.stop_version - s.version)  # a completion takes at most one server step
+        every = s.cfg.eval.every
+        if ex.target_accuracy is not None and every > 0:
+            limit = min(limit, every - s.version % every - 1)
+        if limit < 2:
+            return []
+        events = self.queue.first(limit)
+        if not (self.ahead and self.ahead[0].after == _key(events[0]) and self.ahead[0].counter == s.counter):
+            self.ahead, self.used = self._plan(events, len(self.queue) - 1), 0
+        window, earliest_new = [], None
+        for event, planned in zip(events, self.ahead):
+            if (planned.after != _key(event) or event.data.unsent
+                    or (earliest_new is not None and not _key(event) < earliest_new)
+                    or (ex.max_virtual_time is not None and event.time >= ex.max_virtual_time)):
+                break
+            window.append((event, planned))
+            new = (event.time + planned.known_at, planned.client, planned.counter + 1)
+            earliest_new = new if earliest_new is None or new < earliest_new else earliest_new
+        return window if len(window) >= 2 else []
+
+    def _handle_window(self, window: list) -> None:
+        """Handle the window's completions in order (their updates and server steps), then make
+        their planned dispatches, each from the model version and clock its completion left."""
+        s = self.s
+        starts = []
+        for event, _ in window:
+            self.queue.pop()  # the window holds the first completions, in order
+            self._complete(event)
+            starts.append((event.time, s.version, s.payload()))
+        for (_, planned), (start, version, payload) in zip(window, starts):
+            self.ahead.popleft()
+            self.used += 1
+            s.counter += 1
+            self.busy[planned.client] = True
+            s.version_handle(version, payload)
+            self._push(Event(start + planned.known_at, planned.client, s.counter,
+                             InFlight(version, payload, start, planned.failed)))
+            if len(self.unsent) >= s.task_size:
+                self._send()
 
     # ------------------------------------------------------------------ server side
 
@@ -247,62 +334,75 @@ class AsyncDriver:
             s.counter += 1
         self.busy[clients] = True
         counter = s.counter
-        timing = s.timing(clients, np.full(len(clients), counter), draws)
+        if planned is not None and planned.known_at is not None:
+            known_at, failed = [planned.known_at], [planned.failed]
+        else:
+            timing = s.timing(clients, np.full(len(clients), counter), draws)
+            known_at, failed = timing.known_at_s.tolist(), timing.failed.tolist()
         s.payload_handle()
         payload = s.payload()
-        for i, c in enumerate(clients):
-            failed = bool(timing.failed[i])
-            event = Event(s.clock + float(timing.known_at_s[i]), int(c), counter,
-                          InFlight(s.version, payload, s.clock, failed))
-            self.queue.push(event)
-            if not failed:
-                self.unsent.append(event)
+        for c, known, fails in zip(clients.tolist(), known_at, failed):
+            self._push(Event(s.clock + known, c, counter, InFlight(s.version, payload, s.clock, fails)))
         if len(self.unsent) >= self.s.task_size:
             self._send()
+
+    def _push(self, event: Event) -> None:
+        """Put a dispatched task in flight."""
+        self.queue.push(event)
+        if not event.data.failed:
+            self.unsent.append(event)
 
     def _planned(self, after: Event) -> Planned | None:
         """The dispatch planned to follow ``after`` with the current sampling counter, planning
         anew when the plan is used up or was made for another order of completions (None if no
         client is available at once: :meth:`Scheduler.sample` then waits for one)."""
         # the counter check guards against any draw of a counter in between
-        if self.ahead and self.ahead[0].after == (after.time, after.client_id, after.counter) \
-                and self.ahead[0].counter == self.s.counter:
+        if self.ahead and self.ahead[0].after == _key(after) and self.ahead[0].counter == self.s.counter:
             self.used += 1
             return self.ahead.popleft()
         if self.ahead:  # made for another order of completions: plan no further than it held
             self.lookahead = max(1, self.used)
         elif self.used:  # used up
             self.lookahead = min(LOOKAHEAD, 2 * self.lookahead)
-        self.ahead, self.used = self._plan(after), 1
+        self.ahead, self.used = self._plan([after] + self.queue.first(self.lookahead - 1), len(self.queue)), 1
         return self.ahead.popleft() if self.ahead else None
 
-    def _plan(self, after: Event) -> deque:
-        """Dispatches for ``after`` and the next completions in the queue, drawn as the one-at-a-time
-        loop would draw them if the completions come in this order: each frees its client, then
-        the next sampling counter picks a client among those available at its time and not busy."""
+    def _plan(self, completions: list, in_flight: int) -> deque:
+        """Dispatches for ``completions`` (the next ones, in order), drawn as the one-at-a-time loop
+        would draw them if the completions come in this order: each frees its client, then the
+        next sampling counter picks a client among those available at its time and not busy
+        (``in_flight`` tasks busy at each such draw). Their timings too, unless the algorithm's
+        work reads the payload (the plan is made before those versions exist)."""
         s = self.s
-        upcoming = self.queue.first(self.lookahead - 1)
         busy, flipped = self.busy, []  # put back as it was
         follows, counters, clients = [], [], []
         try:
-            for event in [after] + upcoming:
+            for event in completions:
                 if busy[event.client_id]:
                     busy[event.client_id] = False
                     flipped.append(event.client_id)
                 counter = s.counter + len(clients)  # one sampling counter per dispatch
-                client = s.system.sample_available(event.time, counter, 1, busy, len(self.queue))
+                client = s.system.sample_available(event.time, counter, 1, busy, in_flight)
                 if not len(client):
                     break
                 busy[client] = True
                 flipped.append(int(client[0]))
-                follows.append((event.time, event.client_id, event.counter))
+                follows.append(_key(event))
                 counters.append(counter)
                 clients.append(int(client[0]))
         finally:
             np.logical_xor.at(busy, flipped, True)  # each flip undone (a client may flip twice)
+        if not clients:
+            return deque()
         # a task's counter is the one after its sampling counter (as in _dispatch)
-        draws = s.system.task_draws(clients, np.array(counters, dtype=np.int64) + 1) if clients else []
-        return deque(map(Planned, follows, counters, clients, draws))
+        task_counters = np.array(counters, dtype=np.int64) + 1
+        draws = s.system.task_draws(clients, task_counters)
+        planned = deque(map(Planned, follows, counters, clients, draws))
+        if not s.algorithm.work_reads_payload:
+            timing = s.timing(np.array(clients), task_counters, draws)
+            for entry, known_at, failed in zip(planned, timing.known_at_s.tolist(), timing.failed.tolist()):
+                entry.known_at, entry.failed = known_at, failed
+        return planned
 
     def _send(self) -> None:
         """Send the unsent tasks in groups of ``clients_per_task`` clients (trained together,
@@ -344,14 +444,23 @@ class AsyncDriver:
         return call.results[info.index], bool(call.nonfinite[info.index])
 
     def _log(self, event: Event, update: ClientUpdates | None, status: str, staleness: int) -> None:
+        """One event row (EVENT_COLUMNS), kept until :meth:`_flush_rows`."""
         s, info = self.s, event.data
-        s.log_events({
-            "round": np.array([s.version + 1]), "client_id": np.array([event.client_id]),
-            "actor": np.array([update.actor[0] if update is not None else -1]),
-            "samples": np.array([s.train_sizes[event.client_id]]),
-            "train_loss": np.array([update.train_loss[0] if update is not None else math.nan]),
-            "compute_seconds": np.array([update.compute_seconds[0] if update is not None else 0.0]),
-            "virtual_start": np.array([info.start]), "virtual_end": np.array([event.time]),
-            "model_version": np.array([info.version]), "staleness": np.array([staleness]),
-            "status": np.array([status]),
-        })
+        computed = update is not None
+        self.rows.append((s.version + 1, event.client_id, update.actor[0] if computed else -1,
+                          s.train_sizes[event.client_id], update.train_loss[0] if computed else math.nan,
+                          update.compute_seconds[0] if computed else 0.0, info.start, event.time, info.version,
+                          staleness, status))
+
+    def _flush_rows(self) -> None:
+        """Hand the event rows kept so far to the scheduler, as columns."""
+        if self.rows:
+            columns = zip(*self.rows)
+            self.s.log_events({name: np.array(column, dtype=dtype)
+                               for (name, dtype), column in zip(EVENT_COLUMNS.items(), columns)})
+            self.rows = []
+
+
+def _key(event: Event) -> tuple:
+    """The event's place in the queue's order: (time, client id, counter)."""
+    return event.time, event.client_id, event.counter

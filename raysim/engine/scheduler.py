@@ -81,6 +81,7 @@ class Scheduler:
         self.last_eval = dict.fromkeys(EVAL_COLUMNS, math.nan)
         self.applied = 0
         self.done = False
+        self.stop_version = None  # the server version the current advance must not pass (None: any)
         self._rounds: list = []
         self._events: list = []
         self._handles: dict = {}
@@ -99,7 +100,7 @@ class Scheduler:
         updates, the server version and the scheduler's wall seconds.
         """
         until = time.perf_counter() + budget_seconds
-        error = None
+        error, self.stop_version = None, stop_version
         try:
             # the server's tensor work takes the clients' thread count: a wider pool only spins beside busy actors
             with torch_threads(self.cfg.runtime.torch_threads):
@@ -152,12 +153,16 @@ class Scheduler:
 
     def payload_handle(self) -> dict:
         """{version: handle} of the current model, broadcast once per version."""
-        if self.version not in self._handles:
+        return self.version_handle(self.version, self.payload())
+
+    def version_handle(self, version: int, payload: dict) -> dict:
+        """{version: handle} of model ``version``, whose payload is ``payload``, broadcast once."""
+        if version not in self._handles:
             if len(self._handles) >= MAX_HANDLES:  # forget versions no unsent task refers to
                 in_use = self.driver.versions_in_use()
                 self._handles = {v: h for v, h in self._handles.items() if v in in_use}
-            self._handles[self.version] = self.runtime.broadcast(self.payload())
-        return {self.version: self._handles[self.version]}
+            self._handles[version] = self.runtime.broadcast(payload)
+        return {version: self._handles[version]}
 
     def publish(self, payloads: dict) -> None:
         """Broadcast the payloads of earlier model versions ({version: payload}) that restored
