@@ -43,6 +43,19 @@ def test_weighted_mean_is_the_row_order_float64_loop():
     assert mean(column(1, 2, 6)).item() == pytest.approx(3.0, abs=1e-15)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_weighted_mean_of_one_update_is_the_loops_bits(dtype):
+    """FedAsync's single update takes a shorter path: the same bits as the loop, signed zeros
+    (0 + −0 = +0), infinities and tiny values included, and the input is left as it was."""
+    row = torch.randn(1, 64, generator=torch.Generator().manual_seed(5), dtype=dtype) * 1e30
+    row[0, :6] = torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e-38, -1e-38])
+    kept = row.clone()
+    for w in (1.0, 0.5, 1 / 3, 2.0 ** -0.5, 1e-3):
+        expected = torch.zeros(64, dtype=torch.float64).add_(row[0].double(), alpha=w)
+        assert torch.equal(weighted_mean(row, [w]).view(torch.int64), expected.view(torch.int64)), w
+    assert torch.equal(row.view(torch.uint8), kept.view(torch.uint8))
+
 def test_median_odd_even_and_per_coordinate():
     assert median(column(1, 2, 3, 100)).tolist() == [2.5]
     assert median(column(1, 2, 100)).tolist() == [2.0]

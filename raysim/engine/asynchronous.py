@@ -284,8 +284,9 @@ class AsyncDriver:
     def _server_step(self) -> None:
         s = self.s
         updates = ClientUpdates.concat([u for u, _ in self.buffer])
-        ids = np.concatenate([u.client_ids for u, _ in self.buffer])
-        weights = np.array([w for _, w in self.buffer])[np.argsort(ids, kind="stable")] / len(self.buffer)
+        weights = np.array([w for _, w in self.buffer]) / len(self.buffer)
+        if len(self.buffer) > 1:  # in the client-id order concat put the updates in
+            weights = weights[np.argsort(np.concatenate([u.client_ids for u, _ in self.buffer]), kind="stable")]
         try:
             s.server_step(updates, weights)
         except DivergenceError:
