@@ -278,6 +278,27 @@ def test_sample_available_is_one_function_whatever_the_batch_sizes():
     assert set(m.sample_available(1234.0, 0, 10)) <= set(expected[0])  # smaller samples nest
 
 
+@pytest.mark.parametrize("overrides", [[], ["availability.kind=bernoulli", "availability.p=0.3"],
+                                       ["availability.kind=diurnal", "availability.on_fraction=0.2"]])
+def test_one_client_against_a_busy_mask_is_the_general_draw(overrides):
+    """The asynchronous driver's draw (one client, a mask of busy clients) looks at the order's first
+    clients first; it is the draw of the general path (busy clients given as ids), also when every
+    one of those first clients is busy."""
+    from raysim.streams import Purpose
+    from raysim.system.model import _RandomOrder
+
+    m = model(3000, *overrides, seed=6)
+    rng = np.random.default_rng(1)
+    for counter in range(60):
+        busy = rng.random(3000) < (0.5 if counter < 40 else 0.0)
+        if counter >= 50:  # every client the order puts first is busy: the general path decides
+            order = m._per_counter(Purpose.SYSTEM_SAMPLE, counter, lambda rngs: _RandomOrder.keyed(3000, rngs))
+            busy[order.head_clients] = True
+        t = 97.0 * counter
+        got = m.sample_available(t, counter, 1, busy, int(busy.sum()))
+        assert np.array_equal(got, m.sample_available(t, counter, 1, exclude=np.flatnonzero(busy))), counter
+        assert len(got) == 1
+
 @pytest.mark.parametrize("overrides", [[], ["availability.kind=bernoulli", "availability.p=0.3"]])
 def test_sampling_streams_built_with_the_next_counters_give_the_samples_of_each_counter_alone(overrides):
     """Sampling orders (and Bernoulli coin keys) are built COUNTERS_AT_ONCE counters at a time: a

@@ -19,6 +19,7 @@ number of actors, the order of calls or which other clients are in a call:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -241,6 +242,14 @@ class SystemModel:
         else:
             excluded = np.unique(np.asarray(exclude if exclude is not None else [], dtype=np.int64))
             mask, n_excluded = None, len(excluded)
+        if k == 1 and mask is not None and order.head is not None:  # the async driver's dispatch: the head first
+            candidates = order.head_clients
+            ok = ~mask[candidates]
+            if self.cfg.availability.kind != "always":
+                ok &= self.available(candidates, t, counter)
+            hits = np.flatnonzero(ok)
+            if len(hits):
+                return candidates[hits[:1]]
         share = self._online_share * (1.0 - n_excluded / self.num_clients) * self.num_clients / order.domain
         batch = int(min(order.domain, 1.25 * k / max(share, 1.0 / order.domain) + 16))
         chosen, need, position = [np.empty(0, dtype=np.int64)], int(k), 0
@@ -388,6 +397,11 @@ class _RandomOrder:
         for r in range(self.ROUNDS):
             left, right = right, left ^ (_mix((right + self.keys[..., r, None]) * _GOLDEN) & self.mask)
         return (left << self.half) | right
+
+    @functools.cached_property
+    def head_clients(self) -> np.ndarray:
+        """The clients at the ``head`` positions (the order's first clients)."""
+        return self.slice(0, len(self.head))
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         """The clients at domain positions start..stop-1 of the order (values >= n left out)."""
