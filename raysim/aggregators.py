@@ -38,13 +38,19 @@ def _scaled(result: torch.Tensor, weights) -> torch.Tensor:
 
 def weighted_mean(updates: torch.Tensor, weights) -> torch.Tensor:
     """Σ_k weights[k]·updates[k] in float64, accumulated from +0 in row order."""
-    weights = _weight_list(weights)
-    if len(weights) == 1:  # FedAsync's step: 0 + w·x, the same bits as the loop below in two operations
-        return (updates[0].double() * weights[0]).add_(0.0)
+    if len(updates) == 1:  # FedAsync's step
+        return weighted_rows(updates, weights)[0]
     total = torch.zeros(updates.shape[1:], dtype=torch.float64, device=updates.device)
-    for w, row in zip(weights, updates):
+    for w, row in zip(_weight_list(weights), updates):
         total.add_(row.double(), alpha=w)
     return total
+
+
+def weighted_rows(updates: torch.Tensor, weights) -> torch.Tensor:
+    """[K, ...]: each row's 0 + weights[k]·updates[k] in float64, the weighted means of K steps of one
+    update each at once (the bits of :func:`weighted_mean`'s loop, in two vectorized operations)."""
+    scale = torch.tensor(_weight_list(weights), dtype=torch.float64, device=updates.device)
+    return (updates.double() * scale.reshape(-1, *[1] * (updates.dim() - 1))).add_(0.0)
 
 
 def mean(updates: torch.Tensor, weights=None) -> torch.Tensor:

@@ -316,6 +316,10 @@ def test_sampling_streams_built_with_the_next_counters_give_the_samples_of_each_
             assert np.array_equal(got, alone.sample_available(0.0, counter, k, busy, int(busy.sum()))), (counter, k)
     order = scattered._per_counter(Purpose.SYSTEM_SAMPLE, 130, None)
     assert np.array_equal(order.keys, stream(2, Purpose.SYSTEM_SAMPLE, 130).integers(0, 2 ** 64, size=8, dtype=np.uint64))
+    if overrides:  # a Bernoulli draw's key: its stream's first integer
+        key = scattered._per_counter(Purpose.SYSTEM_AVAILABILITY, 130, None)
+        assert key == stream(2, Purpose.SYSTEM_AVAILABILITY, 130).integers(0, 2 ** 64, dtype=np.uint64)
+        assert isinstance(key, np.uint64)
     assert np.array_equal(order.slice(0, _RandomOrder.HEAD), _RandomOrder(20000, order.keys).slice(0, _RandomOrder.HEAD))
     with pytest.raises(ValueError, match="stream id 4294967296 of SYSTEM_SAMPLE"):
         scattered.sample_available(0.0, 2 ** 32, 1)

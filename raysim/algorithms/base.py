@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raysim import aggregators
 from raysim.algorithms import server_optimizers, transforms
 from raysim.algorithms.aggregation import ServerAggregator
 from raysim.algorithms.keys import FedAvgKeys
@@ -376,9 +377,29 @@ class Algorithm:
         return aggregate, state.extra, {}
 
     def server_update(self, state: ServerState, updates: ClientUpdates, weights: np.ndarray) -> ServerState:
-        """One server step: aggregate (client-id order, float64), direction, optimizer, θ ← θ − step."""
-        index, optimizer = self.server_rule(state)
+        """One server step: aggregate (client-id order, float64), then :meth:`server_apply`."""
         aggregate, aggregation = self.aggregator(updates.vector, weights, state.aggregation)
+        return self.server_apply(state, aggregate, aggregation, updates, weights)
+
+    def server_updates(self, state: ServerState, steps: list) -> list:
+        """The states after each of ``steps`` ((updates, weights) pairs of one update each, as FedAsync
+        takes them) taken in a row: the states :meth:`server_update` gives one step after the
+        other. Under the mean, the steps' aggregates are computed at once."""
+        at_once = self.aggregator.name == "mean" and type(self).server_update is Algorithm.server_update
+        aggregates = (aggregators.weighted_rows(torch.cat([u.vector for u, _ in steps]),
+                                                np.concatenate([w for _, w in steps])) if at_once else None)
+        states = []
+        for i, (updates, weights) in enumerate(steps):
+            state = (self.server_apply(state, aggregates[i], state.aggregation, updates, weights) if at_once
+                     else self.server_update(state, updates, weights))
+            states.append(state)
+        return states
+
+    def server_apply(self, state: ServerState, aggregate: torch.Tensor, aggregation: dict, updates: ClientUpdates,
+                     weights: np.ndarray) -> ServerState:
+        """The rest of a server step from its aggregate and the aggregation rule's new state:
+        direction, optimizer, θ ← θ − step."""
+        index, optimizer = self.server_rule(state)
         direction, extra, diagnostics = self.server_direction(state, aggregate, updates, weights)
         step, opt = optimizer.update(direction, state.opt)
         params = state.params.double()

@@ -117,6 +117,10 @@ class AsyncDriver:
         self.ahead: deque = deque()  # Planned dispatches, in the order of the completions they follow
         self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
         self.rows: list = []  # event rows not yet handed to the scheduler (EVENT_COLUMNS, in order)
+        # FedAsync whose server step is the algorithm's update alone: a window's steps are taken together
+        self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.plain_steps
+                               and not scheduler.algorithm.stateful)
+        self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, clock)
 
     def versions_in_use(self):
         return {e.data.version for e in self.unsent}
@@ -243,24 +247,57 @@ class AsyncDriver:
         return window if len(window) >= 2 else []
 
     def _handle_window(self, window: list) -> None:
-        """Handle the window's completions in order (their updates and server steps), then make
-        their planned dispatches, each from the model version and clock its completion left."""
+        """Handle the window's completions in order, then make their planned dispatches, each from
+        the model version and clock its completion left. With ``steps_together``, the completions'
+        server steps wait until the window's updates are in and are then taken in a row
+        (:meth:`_take_deferred`); the staleness and event rows count them as taken already."""
         s = self.s
-        starts = []
-        for event, _ in window:
-            self.queue.pop()  # the window holds the first completions, in order
-            self._complete(event)
-            starts.append((event.time, s.version, s.payload()))
-        for (_, planned), (start, version, payload) in zip(window, starts):
+        payloads, starts = {s.version: s.payload()}, []
+        if self.steps_together:
+            self.deferred, first_version = [], s.version
+        try:
+            for event, _ in window:
+                self.queue.pop()  # the window holds the first completions, in order
+                self._complete(event)
+                starts.append((event.time, s.version))
+                if not self.steps_together:
+                    payloads[s.version] = s.payload()
+        finally:  # also when an update diverged: the steps before it are taken and logged first
+            if self.deferred is not None:
+                payloads.update(self._take_deferred(first_version))
+        for (_, planned), (start, version) in zip(window, starts):
             self.ahead.popleft()
             self.used += 1
             s.counter += 1
             self.busy[planned.client] = True
-            s.version_handle(version, payload)
+            s.version_handle(version, payloads[version])
             self._push(Event(start + planned.known_at, planned.client, s.counter,
-                             InFlight(version, payload, start, planned.failed)))
+                             InFlight(version, payloads[version], start, planned.failed)))
             if len(self.unsent) >= s.task_size:
                 self._send()
+
+    def _take_deferred(self, first_version: int) -> dict:
+        """Take the window's deferred server steps from model version ``first_version`` (their
+        aggregates at once, :meth:`Algorithm.server_updates`), each with its evaluation and
+        rounds row as :meth:`_server_step` would; returns the payloads of the new versions. Each
+        row's wall time is its own plus an equal share of the window's work before."""
+        s, steps, self.deferred = self.s, self.deferred, None
+        if not steps:
+            return {}
+        clock, s.version = s.clock, first_version
+        states = s.algorithm.server_updates(s.state, [(updates, weights) for updates, weights, _ in steps])
+        share = (time.perf_counter() - self.step_began) / len(steps)
+        payloads = {}
+        for (updates, _, at), state in zip(steps, states):
+            began = time.perf_counter()
+            s.state, s.clock = state, at
+            s.version += 1
+            eval_row = s.evaluate_if_due(s.version)
+            s.log_round(updates, 1, int(updates.samples.sum()), share + time.perf_counter() - began, eval_row)
+            payloads[s.version] = s.payload()
+        s.clock = clock
+        self.step_began = time.perf_counter()
+        return payloads
 
     # ------------------------------------------------------------------ server side
 
@@ -287,6 +324,11 @@ class AsyncDriver:
         weights = np.array([w for _, w in self.buffer]) / len(self.buffer)
         if len(self.buffer) > 1:  # in the client-id order concat put the updates in
             weights = weights[np.argsort(np.concatenate([u.client_ids for u, _ in self.buffer]), kind="stable")]
+        if self.deferred is not None:  # a window's step: taken with the window's others (_take_deferred)
+            self.deferred.append((updates, weights, s.clock))
+            s.version += 1
+            self.buffer = []
+            return
         try:
             s.server_step(updates, weights)
         except DivergenceError:

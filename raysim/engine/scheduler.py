@@ -72,6 +72,11 @@ class Scheduler:
             self.model, self.dataset, cfg.system.unreliable.weights == "uniform",
             getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
         self.task_size = clients_per_task(cfg)
+        # a server step is the algorithm's update alone: no client momentum, no update an attack replaces or
+        # watches, and the mean (no check of the model after the step)
+        self.plain_steps = (not getattr(cfg.algorithm, "client_momentum", 0.0) and self.judges_each_update
+                            and not (self.byzantine.any() and self.attack.replaces_updates)
+                            and not self.attack.omniscient)
         self.state = self.algorithm.init(initial)
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
         self.version = 0  # server model version: increases with every server step

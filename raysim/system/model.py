@@ -213,7 +213,7 @@ class SystemModel:
             return np.ones(ids.shape, dtype=bool)
         if a.kind == "bernoulli":
             key = self._per_counter(Purpose.SYSTEM_AVAILABILITY, counter,
-                                    lambda rngs: [rng.integers(0, 2 ** 64, dtype=np.uint64) for rng in rngs])
+                                    lambda rngs: [np.uint64(rng.bit_generator.random_raw()) for rng in rngs])
             return _uniforms(key, ids) < a.p
         if a.kind == "diurnal":
             return np.mod(t / a.period + self.profile["phase"][ids], 1.0) < a.on_fraction
@@ -386,7 +386,8 @@ class _RandomOrder:
     def keyed(cls, n: int, rngs: list) -> list:
         """One order per generator (its keys are the generator's first ``ROUNDS`` 64-bit draws), the
         first ``HEAD`` positions of all of them evaluated in one pass."""
-        keys = np.stack([rng.integers(0, 2 ** 64, size=cls.ROUNDS, dtype=np.uint64) for rng in rngs])
+        # a generator's raw 64-bit outputs are its draws of integers(0, 2**64, dtype=uint64), ten times cheaper
+        keys = np.stack([rng.bit_generator.random_raw(cls.ROUNDS) for rng in rngs])
         first = cls(n, keys)
         heads = first._feistel(np.arange(min(cls.HEAD, first.domain), dtype=np.uint64)[None, :])
         return [cls(n, k, head) for k, head in zip(keys, heads)]
