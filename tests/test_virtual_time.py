@@ -161,6 +161,42 @@ def test_dispatches_drawn_ahead_are_the_one_at_a_time_draws(tmp_path, monkeypatc
         assert ahead_rounds[column] == alone_rounds[column], column
 
 
+def test_an_update_that_diverges_inside_a_window_ends_the_run_as_one_at_a_time(tmp_path, monkeypatch):
+    """A FedAsync window takes its server steps together once its updates are in; an update that
+    diverges in the middle of one first has the steps before it taken and logged, so the failed
+    run leaves the rows, the error and the model version of the one-at-a-time loop."""
+    from raysim.engine.asynchronous import AsyncDriver
+    from raysim.errors import DivergenceError
+
+    overrides = [*STRAGGLERS, "execution.mode=async", "execution.max_updates=300", "data.num_clients=100",
+                 "execution.concurrency=30", "eval.every=0", "eval.curvature=true",
+                 "algorithm.lr=5", "algorithm.server_lr=1.0"]
+    diverged_in_window, apply = [], AsyncDriver._apply
+
+    def watched(self, *args):
+        waiting = self.deferred is not None and len(self.deferred)
+        try:
+            return apply(self, *args)
+        except DivergenceError:
+            diverged_in_window.append(waiting)
+            raise
+
+    monkeypatch.setattr(AsyncDriver, "_apply", watched)
+    with pytest.raises(DivergenceError) as windowed:
+        _run(small_scenario(tmp_path / "window", *overrides))
+    assert diverged_in_window[0] > 0  # steps of the window were waiting when the update came
+    monkeypatch.setattr(AsyncDriver, "_window", lambda self: [])
+    with pytest.raises(DivergenceError) as alone:
+        _run(small_scenario(tmp_path / "alone", *overrides))
+    assert str(windowed.value) == str(alone.value)
+    windowed_rounds, alone_rounds = _rounds(tmp_path / "window"), _rounds(tmp_path / "alone")
+    for column in ("round", "virtual_time", "train_loss", "test_accuracy", "clients", "hessian_min_eig"):
+        assert windowed_rounds[column] == alone_rounds[column], column
+    windowed_events, alone_events = _events(tmp_path / "window"), _events(tmp_path / "alone")
+    for column in ("round", "client_id", "virtual_end", "model_version", "staleness", "status", "train_loss"):
+        assert windowed_events[column] == alone_events[column], column
+    assert windowed_events["status"][-1] == "diverged"
+
 def test_async_max_staleness_drops_and_virtual_time_budget(tmp_path):
     summary = _run(small_scenario(tmp_path, *STRAGGLERS, "execution.mode=async", "execution.concurrency=10",
                                   "execution.max_staleness=2", "execution.max_virtual_time=40",

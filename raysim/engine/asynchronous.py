@@ -121,6 +121,7 @@ class AsyncDriver:
         self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.plain_steps
                                and not scheduler.algorithm.stateful)
         self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, clock)
+        self.deferred_from = 0  # the model version they start from
 
     def versions_in_use(self):
         return {e.data.version for e in self.unsent}
@@ -254,7 +255,7 @@ class AsyncDriver:
         s = self.s
         payloads, starts = {s.version: s.payload()}, []
         if self.steps_together:
-            self.deferred, first_version = [], s.version
+            self.deferred, self.deferred_from = [], s.version
         try:
             for event, _ in window:
                 self.queue.pop()  # the window holds the first completions, in order
@@ -262,9 +263,9 @@ class AsyncDriver:
                 starts.append((event.time, s.version))
                 if not self.steps_together:
                     payloads[s.version] = s.payload()
-        finally:  # also when an update diverged: the steps before it are taken and logged first
+        finally:  # also when a call failed: the steps before it are taken and logged first
             if self.deferred is not None:
-                payloads.update(self._take_deferred(first_version))
+                payloads.update(self._take_deferred())
         for (_, planned), (start, version) in zip(window, starts):
             self.ahead.popleft()
             self.used += 1
@@ -276,27 +277,26 @@ class AsyncDriver:
             if len(self.unsent) >= s.task_size:
                 self._send()
 
-    def _take_deferred(self, first_version: int) -> dict:
-        """Take the window's deferred server steps from model version ``first_version`` (their
+    def _take_deferred(self) -> dict:
+        """Take the window's deferred server steps from model version ``deferred_from`` (their
         aggregates at once, :meth:`Algorithm.server_updates`), each with its evaluation and
-        rounds row as :meth:`_server_step` would; returns the payloads of the new versions. Each
-        row's wall time is its own plus an equal share of the window's work before."""
+        rounds row as :meth:`_server_step` would; returns the payloads of the new versions. As
+        there, a row's wall time runs from the previous row, so the window's first row holds the
+        window's work before its steps."""
         s, steps, self.deferred = self.s, self.deferred, None
         if not steps:
             return {}
-        clock, s.version = s.clock, first_version
+        clock, s.version = s.clock, self.deferred_from
         states = s.algorithm.server_updates(s.state, [(updates, weights) for updates, weights, _ in steps])
-        share = (time.perf_counter() - self.step_began) / len(steps)
         payloads = {}
         for (updates, _, at), state in zip(steps, states):
-            began = time.perf_counter()
             s.state, s.clock = state, at
             s.version += 1
             eval_row = s.evaluate_if_due(s.version)
-            s.log_round(updates, 1, int(updates.samples.sum()), share + time.perf_counter() - began, eval_row)
+            s.log_round(updates, 1, int(updates.samples.sum()), time.perf_counter() - self.step_began, eval_row)
+            self.step_began = time.perf_counter()
             payloads[s.version] = s.payload()
         s.clock = clock
-        self.step_began = time.perf_counter()
         return payloads
 
     # ------------------------------------------------------------------ server side
@@ -304,6 +304,8 @@ class AsyncDriver:
     def _apply(self, event: Event, update: ClientUpdates, staleness: int, nonfinite: bool) -> None:
         s = self.s
         if s.judges_each_update and nonfinite:
+            if self.deferred is not None:  # the window's steps before this update come first, as taken then
+                self._take_deferred()
             s.done = True
             self._log(event, update, "diverged", staleness)
             raise DivergenceError(
