@@ -19,7 +19,6 @@ number of actors, the order of calls or which other clients are in a call:
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -242,7 +241,7 @@ class SystemModel:
         else:
             excluded = np.unique(np.asarray(exclude if exclude is not None else [], dtype=np.int64))
             mask, n_excluded = None, len(excluded)
-        if k == 1 and mask is not None and order.head is not None:  # the async driver's dispatch: the head first
+        if k == 1 and mask is not None and order.head_clients is not None:  # the async driver's dispatch: the head first
             candidates = order.head_clients
             ok = ~mask[candidates]
             if self.cfg.availability.kind != "always":
@@ -373,14 +372,15 @@ class _RandomOrder:
     ROUNDS = 8
     HEAD = 64  # positions :meth:`keyed` evaluates up front, for the orders of several counters at once
 
-    def __init__(self, n: int, keys: np.ndarray, head: np.ndarray | None = None):
+    def __init__(self, n: int, keys: np.ndarray, head: np.ndarray | None = None,
+                 head_clients: np.ndarray | None = None):
         """``keys``: the rounds' keys (uint64 ``[ROUNDS]``); ``head``: the network's values at the first
-        positions, if computed already."""
+        positions, if computed already, and ``head_clients`` the clients among them."""
         bits = max(2, (n - 1).bit_length())
         bits += bits % 2
         self.n, self.domain = n, 1 << bits
         self.half, self.mask = np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
-        self.keys, self.head = keys, head
+        self.keys, self.head, self.head_clients = keys, head, head_clients
 
     @classmethod
     def keyed(cls, n: int, rngs: list) -> list:
@@ -390,7 +390,8 @@ class _RandomOrder:
         keys = np.stack([rng.bit_generator.random_raw(cls.ROUNDS) for rng in rngs])
         first = cls(n, keys)
         heads = first._feistel(np.arange(min(cls.HEAD, first.domain), dtype=np.uint64)[None, :])
-        return [cls(n, k, head) for k, head in zip(keys, heads)]
+        clients, inside = heads.astype(np.int64), heads < np.uint64(n)
+        return [cls(n, k, head, row[kept]) for k, head, row, kept in zip(keys, heads, clients, inside)]
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         """The network at positions ``x`` (its rows under the rows of keys, if ``keys`` has several)."""
@@ -398,11 +399,6 @@ class _RandomOrder:
         for r in range(self.ROUNDS):
             left, right = right, left ^ (_mix((right + self.keys[..., r, None]) * _GOLDEN) & self.mask)
         return (left << self.half) | right
-
-    @functools.cached_property
-    def head_clients(self) -> np.ndarray:
-        """The clients at the ``head`` positions (the order's first clients)."""
-        return self.slice(0, len(self.head))
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         """The clients at domain positions start..stop-1 of the order (values >= n left out)."""
