@@ -321,7 +321,8 @@ def test_sampling_streams_built_with_the_next_counters_give_the_samples_of_each_
         assert key == stream(2, Purpose.SYSTEM_AVAILABILITY, 130).integers(0, 2 ** 64, dtype=np.uint64)
         assert isinstance(key, np.uint64)
     assert np.array_equal(order.slice(0, _RandomOrder.HEAD), _RandomOrder(20000, order.keys).slice(0, _RandomOrder.HEAD))
-    assert np.array_equal(order.head_clients, order.slice(0, _RandomOrder.HEAD)) and order.head_clients.dtype == np.int64
+    assert np.array_equal(order.head_clients, order.slice(0, _RandomOrder.HEAD))
+    assert order.head_clients.dtype == np.int64
     with pytest.raises(ValueError, match="stream id 4294967296 of SYSTEM_SAMPLE"):
         scattered.sample_available(0.0, 2 ** 32, 1)
 

@@ -17,9 +17,10 @@ same as drawing them one by one.
 The planned dispatches' virtual durations are known too (unless the algorithm's work reads the
 payload's values), so the driver can tell how many of the next completions come before any task
 it is about to dispatch: those are handled as one window (:meth:`AsyncDriver._window`): their
-updates and server steps first, then their dispatches, then their event rows. Each step of the
-one-at-a-time loop happens in the same order on the same values, so the results are the same
-bytes; the gain is that each kind of work runs many times in a row.
+updates and server steps first (FedAsync's plain steps together, their mean aggregates at once),
+then their dispatches. Every step of the one-at-a-time loop happens on the same values and every
+row comes in the same order, so the results are the same bytes; the gain is that each kind of
+work runs many times in a row.
 """
 
 from __future__ import annotations

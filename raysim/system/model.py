@@ -241,7 +241,7 @@ class SystemModel:
         else:
             excluded = np.unique(np.asarray(exclude if exclude is not None else [], dtype=np.int64))
             mask, n_excluded = None, len(excluded)
-        if k == 1 and mask is not None and order.head_clients is not None:  # the async driver's dispatch: the head first
+        if k == 1 and mask is not None and order.head_clients is not None:  # an async dispatch: the head first
             candidates = order.head_clients
             ok = ~mask[candidates]
             if self.cfg.availability.kind != "always":
