@@ -38,8 +38,6 @@ def _scaled(result: torch.Tensor, weights) -> torch.Tensor:
 
 def weighted_mean(updates: torch.Tensor, weights) -> torch.Tensor:
     """Σ_k weights[k]·updates[k] in float64, accumulated from +0 in row order."""
-    if len(updates) == 1:  # FedAsync's step
-        return weighted_rows(updates, weights)[0]
     total = torch.zeros(updates.shape[1:], dtype=torch.float64, device=updates.device)
     for w, row in zip(_weight_list(weights), updates):
         total.add_(row.double(), alpha=w)
@@ -47,10 +45,13 @@ def weighted_mean(updates: torch.Tensor, weights) -> torch.Tensor:
 
 
 def weighted_rows(updates: torch.Tensor, weights) -> torch.Tensor:
-    """[K, ...]: each row's 0 + weights[k]·updates[k] in float64, the weighted means of K steps of one
-    update each at once (the bits of :func:`weighted_mean`'s loop, in two vectorized operations)."""
+    """[K, ...]: :func:`weighted_mean` of each row alone (K steps of one update each, at once): 0 +
+    weights[k]·updates[k] in float64, rounded as the loop's fused multiply-add rounds it (an exact
+    zero is +0, a product too small for float64 keeps its sign)."""
     scale = torch.tensor(_weight_list(weights), dtype=torch.float64, device=updates.device)
-    return (updates.double() * scale.reshape(-1, *[1] * (updates.dim() - 1))).add_(0.0)
+    scale = scale.reshape(-1, *[1] * (updates.dim() - 1))
+    product = updates * scale  # float64 by type promotion
+    return torch.where((updates == 0) | (scale == 0), product + 0.0, product)
 
 
 def mean(updates: torch.Tensor, weights=None) -> torch.Tensor:

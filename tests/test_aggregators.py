@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raysim.aggregators import (AGGREGATORS, bucketing, bulyan, capped_f, centered_clipping, geometric_median, krum,
-                                mean, median, multi_krum, trimmed_mean, weighted_mean)
+                                mean, median, multi_krum, trimmed_mean, weighted_mean, weighted_rows)
 from raysim.algorithms.keys import AGGREGATOR_DOCS
 
 ROBUST = ["median", "trimmed_mean", "krum", "multi_krum", "centered_clipping", "bulyan"]
@@ -45,16 +45,23 @@ def test_weighted_mean_is_the_row_order_float64_loop():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_weighted_mean_of_one_update_is_the_loops_bits(dtype):
-    """FedAsync's single update takes a shorter path: the same bits as the loop, signed zeros
-    (0 + −0 = +0), infinities and tiny values included, and the input is left as it was."""
-    row = torch.randn(1, 64, generator=torch.Generator().manual_seed(5), dtype=dtype) * 1e30
-    row[0, :6] = torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e-38, -1e-38])
-    kept = row.clone()
-    for w in (1.0, 0.5, 1 / 3, 2.0 ** -0.5, 1e-3):
-        expected = torch.zeros(64, dtype=torch.float64).add_(row[0].double(), alpha=w)
-        assert torch.equal(weighted_mean(row, [w]).view(torch.int64), expected.view(torch.int64)), w
-    assert torch.equal(row.view(torch.uint8), kept.view(torch.uint8))
+def test_weighted_rows_are_the_one_row_means_bits(dtype):
+    """A window of FedAsync steps aggregates its updates at once: each row the bits of
+    :func:`weighted_mean` of that row alone, signed zeros (0 + −0 = +0), infinities, tiny values and
+    products too small for float64 included; the input is left as it was."""
+    rows = torch.randn(5, 64, generator=torch.Generator().manual_seed(5), dtype=dtype) * 1e30
+    rows[:, :6] = torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e-38, -1e-38])
+    if dtype == torch.float64:
+        rows[:, 6:8] = torch.tensor([-1e-200, 1e-200], dtype=dtype)  # times 1e-200: below float64's range
+    kept = rows.clone()
+    weights = [1.0, 0.5, 1 / 3, 1e-200, 0.0]
+    got = weighted_rows(rows, weights)
+    assert got.dtype == torch.float64 and got.shape == rows.shape
+    for row, w, aggregate in zip(rows, weights, got):
+        expected = weighted_mean(row[None], [w])
+        assert torch.equal(aggregate.view(torch.int64), expected.view(torch.int64)), w
+    assert torch.equal(rows.view(torch.uint8), kept.view(torch.uint8))
+
 
 def test_median_odd_even_and_per_coordinate():
     assert median(column(1, 2, 3, 100)).tolist() == [2.5]

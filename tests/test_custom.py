@@ -125,3 +125,31 @@ def test_submit_ships_local_code_only(tmp_path, parts):
     cfg = small_scenario(tmp_path, "model.kind=my_parts.lib:tiny_net", "algorithm.name=examples.fednova:FedNova")
     assert local_modules(cfg) == [str((parts / "my_parts").resolve())]  # examples/ travels in the working_dir
     assert local_modules(small_scenario(tmp_path, "model.kind=logreg", "algorithm.name=fedprox")) == []
+
+
+def test_a_custom_algorithm_that_may_time_tasks_by_its_payload_is_timed_one_at_a_time():
+    """The asynchronous driver times planned dispatches before their model versions exist; an
+    algorithm that overrides what a task's timing reads (work, upload_size, payload), itself or
+    through a mixin, and does not say otherwise, is timed with each version's own payload."""
+    from raysim.algorithms.fedavg import FedAvg
+
+    class Steps:
+        def work(self, sizes, client_steps, payload):
+            return sizes * float(payload["params"][0])
+
+    class Mixed(Steps, FedAvg):
+        pass
+
+    class Uploads(FedAvg):
+        def upload_size(self, payload):
+            return int(payload["params"].abs().sum())
+
+    class Says(Uploads):
+        timing_reads_payload = False
+
+    class Inherits(Says):
+        pass
+
+    assert not FedAvg.timing_reads_payload
+    assert Mixed.timing_reads_payload and Uploads.timing_reads_payload
+    assert not Says.timing_reads_payload and not Inherits.timing_reads_payload

@@ -228,3 +228,25 @@ def test_advance_stops_at_the_checkpoint_version_also_inside_windows(tmp_path, m
         versions.append(scheduler.advance(60.0, stop_version=(len(versions) + 1) * 7)["version"])
     assert versions[:-1] == [7 * (i + 1) for i in range(len(versions) - 1)] and versions[-1] == 200
     assert sum(windows) > 100
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm", "fedacg"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_server_steps_taken_together_are_the_one_at_a_time_states(tmp_path, monkeypatch, algorithm, chunked):
+    """A window of FedAsync steps aggregates its updates at once (in chunks for large models); each
+    state is the one :meth:`Algorithm.server_update` gives one step after the other."""
+    from raysim.algorithms import base
+
+    scheduler = _scheduler(small_scenario(tmp_path, *FEDASYNC, f"algorithm.name={algorithm}"))
+    algo, state = scheduler.algorithm, scheduler.state
+    size = algo.update_size()
+    if chunked:
+        monkeypatch.setattr(base, "AGGREGATED_AT_ONCE", 3 * size)  # chunks of three steps
+    rows = torch.randn(7, size, generator=torch.Generator().manual_seed(0))
+    steps = [(base.ClientUpdates(np.array([i]), np.array([10]), np.array([0.5]), rows[i:i + 1]), np.array([w]))
+             for i, w in enumerate([1.0, 0.5, 0.25, 1 / 3, 0.2, 1.0, 0.7])]
+    together = algo.server_updates(state, steps)
+    assert len(together) == len(steps)
+    for (updates, weights), got in zip(steps, together):
+        state = algo.server_update(state, updates, weights)
+        _assert_identical(got, state)

@@ -128,6 +128,7 @@ class ClientUpdates:
 
 
 _TENSOR_FIELDS = ("vector", "extras", "states", "diagnostics")
+AGGREGATED_AT_ONCE = 1 << 22  # numbers a window of FedAsync steps aggregates at once (32 MiB in float64)
 
 
 def _to_numpy(value):
@@ -297,23 +298,28 @@ class Algorithm:
     own, see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients
     keep state between visits; ``personalised``: the model has a personal part w that never
     leaves the client (``model.personal``); ``gradients_per_step``: gradient evaluations per
-    local step, for the work a task declares; ``work_reads_payload``: :meth:`work` depends on the
-    payload's values, not only on its shapes (a task's virtual duration then cannot be known before
-    its model version exists; a subclass that overrides :meth:`work` and does not say is taken to
-    read them); ``sample_weighted``: a synchronous round weights updates by the
+    local step, for the work a task declares; ``timing_reads_payload``: a task's virtual duration
+    depends on the payload's values (:meth:`work` or :meth:`upload_size` reads them) or its sizes
+    change from one model version to the next, so it cannot be known before the task's version
+    exists (a subclass that overrides :meth:`work`, :meth:`upload_size` or :meth:`payload` and does
+    not say is taken to); ``sample_weighted``: a synchronous round weights updates by the
     clients' training samples (false: a plain mean)."""
 
     Keys = FedAvgKeys
     stateful = False
     personalised = False
     gradients_per_step = 1
-    work_reads_payload = False
+    timing_reads_payload = False
     sample_weighted = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "work" in vars(cls) and "work_reads_payload" not in vars(cls):
-            cls.work_reads_payload = True
+        for klass in cls.__mro__:  # the nearest class that says, or overrides what a task's timing reads
+            if klass is Algorithm or "timing_reads_payload" in vars(klass):
+                break
+            if {"work", "upload_size", "payload"} & set(vars(klass)):
+                cls.timing_reads_payload = True
+                break
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model
@@ -384,15 +390,19 @@ class Algorithm:
     def server_updates(self, state: ServerState, steps: list) -> list:
         """The states after each of ``steps`` ((updates, weights) pairs of one update each, as FedAsync
         takes them) taken in a row: the states :meth:`server_update` gives one step after the
-        other. Under the mean, the steps' aggregates are computed at once."""
+        other. Under the mean, the steps' aggregates are computed at once (in chunks of at most
+        ``AGGREGATED_AT_ONCE`` numbers, whatever the model's size)."""
         at_once = self.aggregator.name == "mean" and type(self).server_update is Algorithm.server_update
-        aggregates = (aggregators.weighted_rows(torch.cat([u.vector for u, _ in steps]),
-                                                np.concatenate([w for _, w in steps])) if at_once else None)
+        rows = max(1, AGGREGATED_AT_ONCE // steps[0][0].vector[0].numel()) if at_once else 1
         states = []
-        for i, (updates, weights) in enumerate(steps):
-            state = (self.server_apply(state, aggregates[i], state.aggregation, updates, weights) if at_once
-                     else self.server_update(state, updates, weights))
-            states.append(state)
+        for first in range(0, len(steps), rows):
+            chunk = steps[first:first + rows]
+            aggregates = (aggregators.weighted_rows(torch.cat([u.vector for u, _ in chunk]),
+                                                    np.concatenate([w for _, w in chunk])) if at_once else [None])
+            for (updates, weights), aggregate in zip(chunk, aggregates):
+                state = (self.server_apply(state, aggregate, state.aggregation, updates, weights) if at_once
+                         else self.server_update(state, updates, weights))
+                states.append(state)
         return states
 
     def server_apply(self, state: ServerState, aggregate: torch.Tensor, aggregation: dict, updates: ClientUpdates,

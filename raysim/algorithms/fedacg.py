@@ -17,6 +17,7 @@ class FedACG(FedAvg):
     Δ our −Δ.) λ = 0 is FedProx, β = 0 momentum with an accelerated start, both 0 FedAvg."""
 
     Keys = FedACGKeys
+    timing_reads_payload = False  # the look-ahead moves the parameters, not the payload's sizes
 
     def make_server_optimizer(self) -> server_optimizers.ServerOptimizer:
         return server_optimizers.momentum(self.cfg.server_lr, self.cfg.acg_lambda)

@@ -32,7 +32,7 @@ class FFGG(Algorithm):
     of 1/L_w. The diagnostic ``grad_norm_sq`` is ‖Σ p_m Δ_m‖², an estimate of ‖F(θ)‖²."""
 
     Keys = FFGGKeys
-    work_reads_payload = False
+    timing_reads_payload = False
     personalised = True
 
     @property
@@ -101,7 +101,7 @@ class LocalFFGG(FFGG):
     direction), an estimate of ‖F(θ_r)‖²."""
 
     Keys = LocalFFGGKeys
-    work_reads_payload = True  # pre-training rounds do less work
+    timing_reads_payload = True  # pre-training rounds do less work
 
     def server_lr(self) -> float:
         return self.cfg.server_lr

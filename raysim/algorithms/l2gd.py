@@ -25,7 +25,7 @@ class L2GD(Algorithm):
 
     Keys = L2GDKeys
     stateful = True
-    work_reads_payload = True  # each round's local steps come with the payload
+    timing_reads_payload = True  # each round's local steps come with the payload
 
     @property
     def p(self) -> float:

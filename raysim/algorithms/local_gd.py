@@ -23,7 +23,7 @@ class LocalGD(FedAvg):
 
     Keys = LocalGDKeys
     full_batch = True
-    work_reads_payload = False
+    timing_reads_payload = False
 
     def local_lr(self) -> float:
         return local_step_size(self)

@@ -57,7 +57,7 @@ class PerFedAvg(Algorithm):
 
     Keys = PerFedAvgKeys
     sample_weighted = False
-    work_reads_payload = False
+    timing_reads_payload = False
 
     def adaptation_lr(self) -> float:
         return self.cfg.inner_lr

@@ -23,6 +23,7 @@ class Scaffold(Algorithm):
     c ← c + (1/N)·Σ_i (c_i⁺ − c_i) over the step's clients, N the number of registered clients."""
 
     Keys = ScaffoldKeys
+    timing_reads_payload = False  # twice the update's size, whatever the values
     stateful = True
 
     def local_lr(self) -> float:

@@ -101,7 +101,7 @@ class Call:
 
 
 class AsyncDriver:
-    """FedAsync / FedBuff server loop; one :meth:`step` handles one completion event."""
+    """FedAsync / FedBuff server loop; one :meth:`step` handles one completion event, or a window of them."""
 
     def __init__(self, scheduler):
         self.s = scheduler
@@ -119,8 +119,12 @@ class AsyncDriver:
         self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
         self.rows: list = []  # event rows not yet handed to the scheduler (EVENT_COLUMNS, in order)
         # FedAsync whose server step is the algorithm's update alone: a window's steps are taken together
+        # (not with personalized evaluation: its tasks run on the actors, and a lost one would end the run
+        # with updates logged as applied whose steps were not taken)
+        ev = scheduler.cfg.eval
         self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.plain_steps
-                               and not scheduler.algorithm.stateful)
+                               and not scheduler.algorithm.stateful
+                               and not (ev.personalized_steps or ev.personalized_epochs))
         self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, clock)
         self.deferred_from = 0  # the model version they start from
 
@@ -222,7 +226,7 @@ class AsyncDriver:
         ``max_virtual_time``, or an evaluation that ``target_accuracy`` may stop at). Fewer
         than two: [] (the one-at-a-time loop handles the next one)."""
         s, ex = self.s, self.ex
-        if len(self.queue) < ex.concurrency or s.algorithm.work_reads_payload:
+        if len(self.queue) < ex.concurrency or s.algorithm.timing_reads_payload:
             return []
         limit = LOOKAHEAD
         if ex.max_updates is not None:
@@ -444,7 +448,7 @@ class AsyncDriver:
         task_counters = np.array(counters, dtype=np.int64) + 1
         draws = s.system.task_draws(clients, task_counters)
         planned = deque(map(Planned, follows, counters, clients, draws))
-        if not s.algorithm.work_reads_payload:
+        if not s.algorithm.timing_reads_payload:
             timing = s.timing(np.array(clients), task_counters, draws)
             for entry, known_at, failed in zip(planned, timing.known_at_s.tolist(), timing.failed.tolist()):
                 entry.known_at, entry.failed = known_at, failed
