@@ -14,8 +14,8 @@ clients and task draws of the next completions' dispatches are drawn ahead in on
 only while the completions come in the order they were planned for, so results are the
 same as drawing them one by one.
 
-The planned dispatches' virtual durations are known too (unless the algorithm's work reads the
-payload's values), so the driver can tell how many of the next completions come before any task
+The planned dispatches' virtual durations are known too (unless the algorithm's
+``timing_reads_payload``), so the driver can tell how many of the next completions come before any task
 it is about to dispatch: those are handled as one window (:meth:`AsyncDriver._window`): their
 updates and server steps first (FedAsync's plain steps together, their mean aggregates at once),
 then their dispatches. Every step of the one-at-a-time loop happens on the same values and every
@@ -59,7 +59,7 @@ EVENT_COLUMNS = {"round": np.int64, "client_id": np.int64, "actor": np.int64, "s
 class Planned:
     """A dispatch drawn ahead: the completion it follows (time, client, counter), the sampling
     counter it takes, the client sampled, its task's draws (:meth:`SystemModel.task_draws`) and,
-    when the algorithm's work does not read the payload, the task's timing: when it will be
+    unless the algorithm's ``timing_reads_payload``, the task's timing: when it will be
     known to have ended (seconds after dispatch) and whether it fails."""
 
     after: tuple
