@@ -15,6 +15,7 @@ Never renumber :class:`Purpose`: the number is part of every stream's key.
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
 import numpy as np
@@ -66,7 +67,7 @@ def stream(seed: int, purpose: Purpose, *ids: int) -> np.random.Generator:
 
 # numpy's SeedSequence (``numpy/random/bit_generator.pyx``), vectorized over many streams by :func:`streams`
 _POOL, _SHIFT, _MASK = 4, 16, 0xFFFFFFFF
-_VECTOR_MIN = 8  # fewer streams are built one by one: the vectorized hashing costs about as much as eight
+_VECTOR_MIN = 4  # fewer streams are built one by one: the vectorized hashing costs about as much as four
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R = np.uint32(0xCA01F9DD), np.uint32(0x4973F715)
 
@@ -118,7 +119,9 @@ def streams(seed: int, purpose: Purpose, ids) -> list:
         seed_sequence(seed, purpose, *ids[bad.any(1).argmax()])  # raises the one-stream error
     run = _words(int(seed))
     run += [0] * (_POOL - len(run))  # a spawn key follows: the run entropy is padded to the pool size
-    return _generators(_entropy(run + [int(purpose), ids.shape[1]], ids))
+    pool, position = _shared_pool(tuple(run + [int(purpose), ids.shape[1]]))
+    pool, _ = _mix_in(np.broadcast_to(pool, (len(ids), _POOL)), position, ids.astype(np.uint32))
+    return _generators(pool)
 
 
 def keyed_streams(seed: int, keys) -> list:
@@ -127,30 +130,51 @@ def keyed_streams(seed: int, keys) -> list:
     keys = np.asarray(keys, dtype=np.int64).reshape(-1)
     if len(keys) < _VECTOR_MIN or ((keys < 0) | (keys > MAX_ID)).any():  # numpy's own words, or its error
         return [np.random.default_rng([int(seed), k]) for k in keys.tolist()]
-    return _generators(_entropy(_words(int(seed)), keys[:, None]))
+    run = np.array(_words(int(seed)), dtype=np.uint32)
+    return _generators(_pool(np.column_stack([np.broadcast_to(run, (len(keys), len(run))), keys.astype(np.uint32)])))
 
 
-def _entropy(prefix: list, ids: np.ndarray) -> np.ndarray:
-    """The entropy words of N streams, [N, len(prefix) + k]: the 32-bit words ``prefix`` they share,
-    then their ids [N, k] (each in [0, MAX_ID], one word)."""
-    key = np.broadcast_to(np.array(prefix, dtype=np.uint32), (len(ids), len(prefix)))
-    return np.concatenate([key, ids.astype(np.uint32)], axis=1)
+@functools.lru_cache(maxsize=64)
+def _shared_pool(prefix: tuple) -> tuple:
+    """(pool [1, _POOL], hash position) after mixing the entropy words ``prefix`` (at least
+    ``_POOL`` of them), which every stream of one seed and purpose begins with: mixed once."""
+    pool, j = _mix_in(*_initial_pool(np.array([prefix[:_POOL]], dtype=np.uint32)),
+                      np.array([prefix[_POOL:]], dtype=np.uint32).reshape(1, -1))
+    pool.setflags(write=False)  # shared by every call
+    return pool, j
 
 
-def _generators(entropy: np.ndarray) -> list:
-    """One Generator per row of entropy words [N, m], as ``SeedSequence`` seeds PCG64 from them (an
-    entropy shorter than the pool is mixed as if padded with zero words)."""
+def _pool(entropy: np.ndarray) -> np.ndarray:
+    """The pools [N, _POOL] of N streams from their entropy words [N, m] (an entropy shorter than
+    the pool is mixed as if padded with zero words)."""
     if entropy.shape[1] < _POOL:
         entropy = np.pad(entropy, ((0, 0), (0, _POOL - entropy.shape[1])))
-    pool = _hashmix(entropy[:, :_POOL], 0, _POOL)
+    return _mix_in(*_initial_pool(entropy[:, :_POOL]), entropy[:, _POOL:])[0]
+
+
+def _initial_pool(words: np.ndarray) -> tuple:
+    """(pool, hash position) from the first ``_POOL`` entropy words [N, _POOL], every word of the
+    pool mixed into every other."""
+    pool = _hashmix(words, 0, _POOL)
     j = _POOL
-    for src in range(_POOL):  # every word of the pool mixed into every other
+    for src in range(_POOL):
         others = [dst for dst in range(_POOL) if dst != src]
         pool[:, others] = _mix(pool[:, others], _hashmix(pool[:, src:src + 1], j, _POOL - 1))
         j += _POOL - 1
-    for src in range(_POOL, entropy.shape[1]):  # the rest of the entropy, mixed into every word
-        pool = _mix(pool, _hashmix(entropy[:, src:src + 1], j, _POOL))
+    return pool, j
+
+
+def _mix_in(pool: np.ndarray, j: int, words: np.ndarray) -> tuple:
+    """(pool, hash position) after mixing the further entropy words [N, m] into every word of the
+    pools [N, _POOL], from hash position ``j``."""
+    for src in range(words.shape[1]):
+        pool = _mix(pool, _hashmix(words[:, src:src + 1], j, _POOL))
         j += _POOL
+    return pool, j
+
+
+def _generators(pool: np.ndarray) -> list:
+    """One Generator per pool [N, _POOL], seeded as ``SeedSequence`` seeds PCG64 from its pool."""
     state = np.tile(pool, 2) ^ _HASH_B[:-1]
     state *= _HASH_B[1:]
     state ^= state >> _SHIFT
