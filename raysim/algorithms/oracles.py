@@ -58,25 +58,28 @@ class Participation:
         return bool((self.delta < 1).any())
 
 
-def _coins(rng: np.random.Generator, steps: int, participation: Participation | None, c: int) -> np.ndarray:
-    """Client c's scale per local step: 1/δ_c for the steps it computes, 0 for the others (all
-    ones when it always computes)."""
+def _coins(rng: np.random.Generator, steps: int, participation: Participation | None, c: int) -> np.ndarray | None:
+    """Client c's scale per local step: 1/δ_c for the steps it computes, 0 for the others (None
+    when it always computes)."""
     if participation is None or participation.delta[c] >= 1.0:
-        return np.ones(steps)
+        return None
     delta = float(participation.delta[c])
     draws = np.full(steps, rng.random()) if participation.per_round else rng.random(steps)
     return np.where(draws < delta, 1.0 / delta, 0.0)
 
 
-def _finish(per_client_steps: list, coins: list, participation: Participation | None) -> tuple:
+def _finish(per_client_steps: list, coins: list | None) -> tuple:
+    """(steps [C], active [S, C], participation [S, C] or None) from the clients' step counts and
+    :func:`_coins` (None: no client of the task is unreliable)."""
     steps = np.array(per_client_steps, dtype=np.int64)
-    active = np.zeros((int(steps.max(initial=0)), len(steps)), dtype=np.float32)
-    scales = np.zeros(active.shape, dtype=np.float32)
-    for c, n in enumerate(steps):
-        active[:n, c] = 1.0
-        scales[:n, c] = coins[c]
-    unreliable = participation is not None and participation.unreliable
-    return steps, torch.from_numpy(active), torch.from_numpy(scales) if unreliable else None
+    active = np.arange(int(steps.max(initial=0)))[:, None] < steps
+    if coins is None or all(coin is None for coin in coins):
+        return steps, torch.from_numpy(active.astype(np.float32)), None
+    scales = active.astype(np.float32)
+    for c, coin in enumerate(coins):
+        if coin is not None:
+            scales[:len(coin), c] = coin
+    return steps, torch.from_numpy(active.astype(np.float32)), torch.from_numpy(scales)
 
 
 def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size: int, epochs: int,
@@ -91,8 +94,8 @@ def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size
     (with ``participation`` δ_c < 1) its coins: one per step, or one per task.
     """
     blocks, coins = [], []  # per client: its batches as a [steps, width] block of rows, -1 on padding
-    for c, (start, size, rng) in enumerate(zip(starts, sizes, rngs)):
-        size = int(size)
+    unreliable = participation is not None and participation.unreliable
+    for c, (start, size, rng) in enumerate(zip(starts.tolist(), sizes.tolist(), rngs)):
         own_steps = int(client_steps[c]) if client_steps is not None and client_steps[c] > 0 else steps
         if own_steps is None:  # each pass shuffles the rows and cuts them into batches (the last may be short)
             per_pass = -(-size // batch_size)
@@ -103,15 +106,20 @@ def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size
             block = block.reshape(epochs * per_pass, width)
         else:  # ``own_steps`` full batches from a stream of shuffled passes
             passes = -(-own_steps * batch_size // size)
-            order = np.concatenate([rng.permutation(size) for _ in range(passes)])
+            order = (rng.permutation(size) if passes == 1
+                     else np.concatenate([rng.permutation(size) for _ in range(passes)]))
             block = order[:own_steps * batch_size].reshape(own_steps, batch_size) + start
         blocks.append(block)
-        coins.append(_coins(rng, len(block), participation, c))
-    num_steps, active, scales = _finish([len(b) for b in blocks], coins, participation)
-    width = max((b.shape[1] for b in blocks if len(b)), default=0)
-    rows = np.full((*active.shape, width), -1, dtype=np.int64)
-    for c, block in enumerate(blocks):
-        rows[:len(block), c, :block.shape[1]] = block
+        if unreliable:
+            coins.append(_coins(rng, len(block), participation, c))
+    num_steps, active, scales = _finish([len(b) for b in blocks], coins if unreliable else None)
+    if blocks and len(blocks[0]) and len({b.shape for b in blocks}) == 1:  # one shape for all: no padding
+        rows = np.stack(blocks, axis=1)
+    else:
+        width = max((b.shape[1] for b in blocks if len(b)), default=0)
+        rows = np.full((*active.shape, width), -1, dtype=np.int64)
+        for c, block in enumerate(blocks):
+            rows[:len(block), c, :block.shape[1]] = block
     row_mask = (rows >= 0).astype(np.float32)
     np.maximum(rows, 0, out=rows)
     return StepPlan(num_steps, active, scales, torch.from_numpy(rows), torch.from_numpy(row_mask))
@@ -125,7 +133,7 @@ def counted_plan(rngs: list, steps: int, client_steps: np.ndarray | None = None,
     own = [int(client_steps[c]) if client_steps is not None and client_steps[c] > 0 else steps
            for c in range(len(rngs))]
     coins = [_coins(rng, n, participation, c) for c, (rng, n) in enumerate(zip(rngs, own))]
-    num_steps, active, scales = _finish(own, coins, participation)
+    num_steps, active, scales = _finish(own, coins)
     return StepPlan(num_steps, active, scales)
 
 
