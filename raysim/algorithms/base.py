@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -100,15 +100,10 @@ class ClientUpdates:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({k: _to_tensor(v) if k in _TENSOR_FIELDS else v for k, v in state.items()})
 
-    def _rows(self, index) -> "ClientUpdates":
-        take = lambda d: {k: t[index] for k, t in d.items()}
-        return ClientUpdates(self.client_ids[index], self.samples[index], self.train_loss[index], self.vector[index],
-                             take(self.extras), take(self.states), take(self.diagnostics), self.compute_seconds[index],
-                             self.actor[index])
-
     def split(self) -> list:
-        """One ClientUpdates per row, in row order."""
-        return [self._rows(slice(i, i + 1)) for i in range(len(self.client_ids))]
+        """One ClientUpdates per row, in row order: row i holds views of each field's rows i:i+1."""
+        n = len(self.client_ids)
+        return [ClientUpdates(*row) for row in zip(*(_row_views(getattr(self, f.name), n) for f in fields(self)))]
 
     @staticmethod
     def concat(parts: list) -> "ClientUpdates":
@@ -129,6 +124,18 @@ class ClientUpdates:
 
 _TENSOR_FIELDS = ("vector", "extras", "states", "diagnostics")
 AGGREGATED_AT_ONCE = 1 << 22  # numbers a window of FedAsync steps aggregates at once (32 MiB in float64)
+
+
+def _row_views(value, n: int) -> list:
+    """``value[i:i + 1]`` for each of its ``n`` rows: an array, a tensor, or a dict of them (None stays None)."""
+    if value is None:
+        return [None] * n
+    if isinstance(value, dict):
+        columns = [_row_views(v, n) for v in value.values()]
+        return [dict(zip(value, row)) for row in zip(*columns)] if columns else [{} for _ in range(n)]
+    if isinstance(value, torch.Tensor):
+        return list(value.split(1))
+    return list(value[:, None])
 
 
 def _to_numpy(value):
@@ -412,11 +419,10 @@ class Algorithm:
         index, optimizer = self.server_rule(state)
         direction, extra, diagnostics = self.server_direction(state, aggregate, updates, weights)
         step, opt = optimizer.update(direction, state.opt)
-        params = state.params.double()
-        if index is None:
-            params = params - step
+        if index is None:  # in float64: a float32 θ is promoted exactly, without a copy of its own
+            params = (state.params if step.dtype == torch.float64 else state.params.double()) - step
         else:
-            params = params.clone()
+            params = state.params.double().clone()
             params[index] -= step
         return ServerState(params.to(state.params.dtype), opt, extra, diagnostics, aggregation)
 
