@@ -6,6 +6,7 @@ import os
 
 import ray
 
+from actors.payloads import unpack
 from raysim.loading import long_lived
 
 
@@ -29,16 +30,11 @@ class ClientActor:
             device = "cuda" if self.gpu_ids and torch.cuda.is_available() else "cpu"
             self.host = ClientHost(scenario, table, actor_index, device)
 
-    def run(self, payloads: dict, tasks: list, prepare: tuple = ()) -> list:
-        """Run tasks against the broadcast payloads (version -> object-store reference, or the
-        payload itself with its tensors as numpy arrays), then build the rows of the clients
-        in ``prepare`` in the background (see :meth:`ClientHost.run`)."""
-        import torch
-
-        refs = [v for v, p in payloads.items() if isinstance(p, ray.ObjectRef)]
-        resolved = dict(zip(refs, ray.get([payloads[v] for v in refs])))
-        inline = {v: {k: torch.tensor(a) for k, a in p.items()} for v, p in payloads.items() if v not in resolved}
-        return self.host.run({**resolved, **inline}, tasks, prepare)
+    def run(self, payloads: tuple, tasks: list, prepare: tuple = ()) -> list:
+        """Run tasks against the payloads of their model versions (:func:`actors.payloads.pack`),
+        then build the rows of the clients in ``prepare`` in the background (see
+        :meth:`ClientHost.run`)."""
+        return self.host.run(unpack(*payloads), tasks, prepare)
 
     def info(self) -> dict:
         """Actor index, device, node, assigned GPU ids and process id."""

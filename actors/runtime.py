@@ -24,6 +24,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.jobs import job_address
+from actors.payloads import pack
 from raysim.engine.interrupts import deferred_signals
 from raysim.errors import RunError, ScenarioError, SchedulerLost  # SchedulerLost: what RemoteScheduler raises
 
@@ -137,7 +138,8 @@ class ActorPool:
     def submit(self, actor: int, handles: dict, tasks: list, prepare: tuple = ()) -> Pending:
         """Start ``tasks`` on actor ``actor`` (which then builds the on-demand rows of the
         clients in ``prepare`` while it waits for its next call); returns the pending call."""
-        return self._send(actor, "run", (handles, tasks, prepare) if prepare else (handles, tasks))
+        payloads = pack(handles)
+        return self._send(actor, "run", (payloads, tasks, prepare) if prepare else (payloads, tasks))
 
     def gather(self, pending: list) -> list:
         """The results of pending calls; the calls of an actor that died run again on its

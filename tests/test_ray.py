@@ -167,3 +167,32 @@ def test_cli_run_on_embedded_ray(tmp_path):
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["backend"] == "ray" and summary["num_actors"] == 2 and summary["rounds"] == 5
     assert "final test accuracy" in proc.stdout
+
+
+def test_payloads_travel_stacked_by_structure_and_arrive_as_their_own_tensors(ray_session):
+    """A call's inline payloads are stacked, one array per key for the versions of one structure;
+    the actor gets each version back as tensors of its own (writable, equal to what was sent), and
+    object-store payloads as they were put."""
+    import numpy as np
+    import ray
+    import torch
+
+    from actors.payloads import pack, unpack
+
+    rng = np.random.default_rng(0)
+    inline = {v: {"params": rng.random(5, dtype=np.float32)} for v in (3, 4, 9)}
+    inline[7] = {"params": rng.random(2), "m": rng.random((2, 2))}  # another structure
+    stored = {"params": torch.arange(3.0)}
+    refs, groups = pack({**inline, 11: ray.put(stored)})
+    assert list(refs) == [11]
+    assert [(versions, {k: a.shape for k, a in arrays.items()}) for versions, arrays in groups] == [
+        ((3, 4, 9), {"params": (3, 5)}), ((7,), {"params": (1, 2), "m": (1, 2, 2)})]
+    payloads = unpack(refs, groups)
+    assert torch.equal(payloads[11]["params"], stored["params"])
+    for version, payload in inline.items():
+        assert payloads[version].keys() == payload.keys()
+        for key, array in payload.items():
+            got = payloads[version][key]
+            assert got.dtype == torch.from_numpy(array).dtype and np.array_equal(got.numpy(), array)
+            assert got.storage_offset() == 0 and got.is_contiguous()  # a tensor of its own, not a view
+            got += 1  # writable
