@@ -15,6 +15,7 @@ import torch
 from conftest import small_scenario
 
 from raysim.engine.run import Tally
+from raysim.engine.scheduler import MAX_HANDLES
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.simulation import prepare, run_scenario
 from raysim.system import SystemModel
@@ -100,6 +101,43 @@ def test_clients_per_task_does_not_change_the_math(tmp_path):
     tb = torch.load(tmp_path / "b/out/model.pt")
     for k in ta:
         torch.testing.assert_close(ta[k], tb[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides, size", [
+    (["execution.clients_per_round=100"], 25), (["execution.clients_per_round=1000"], 25),
+    (["execution.clients_per_round=10"], 3), (["runtime.clients_per_task=7"], 7),
+    (["execution.mode=async", "execution.max_updates=10", "execution.concurrency=100"], 13),
+    (["execution.mode=async", "execution.max_updates=10", "execution.concurrency=10000"], 100),
+    (["execution.mode=async", "execution.max_updates=10", "execution.concurrency=10000",
+      "runtime.clients_per_task=25"], 25)])
+def test_auto_task_size_is_a_share_of_the_round_or_of_the_concurrency(tmp_path, overrides, size):
+    """'auto': a quarter of a synchronous round, at most 25 (four tasks or more for the actors);
+    an eighth of the asynchronous concurrency, at most 100 (its calls are many)."""
+    from raysim.engine.dispatch import clients_per_task
+
+    cfg = small_scenario(tmp_path, "data.num_clients=20000", "runtime.clients_per_task=auto", *overrides)
+    assert clients_per_task(cfg) == size
+
+
+def test_broadcast_model_versions_kept_are_bounded_by_those_in_use(tmp_path):
+    """Broadcast versions that no unsent task refers to are forgotten once the kept ones reach
+    MAX_HANDLES or twice those in use at the last clear-out (fewer than a task's 100 here): never
+    one an unsent task needs, and never hundreds."""
+    from omegaconf import OmegaConf
+
+    from raysim.data import build_dataset
+
+    cfg = small_scenario(tmp_path, "data.num_clients=400", "model.kind=logreg", "execution.mode=async",
+                         "execution.concurrency=300", "execution.max_updates=600", "runtime.clients_per_task=100",
+                         "eval.every=0")
+    scenario, runtime = OmegaConf.to_container(cfg, resolve=True), LocalRuntime()
+    scheduler = runtime.scheduler(scenario, runtime.load(scenario, build_dataset(cfg.data, cfg.seed)))
+    most = 0
+    while not scheduler.done:
+        scheduler.advance(0.0)
+        assert scheduler.driver.versions_in_use() <= scheduler._handles.keys()
+        most = max(most, len(scheduler._handles))
+    assert MAX_HANDLES < most <= 2 * 99
 
 
 def test_personalized_evaluation_fine_tunes_before_testing(tmp_path):

@@ -31,7 +31,7 @@ from raysim.system import SystemModel
 from raysim.system.byzantine import Attack
 from raysim.threads import torch_threads
 
-MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten
+MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten (or twice those in use)
 EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
                 "personalized_accuracy_ci95")
 
@@ -90,6 +90,7 @@ class Scheduler:
         self._rounds: list = []
         self._events: list = []
         self._handles: dict = {}
+        self._handles_limit = MAX_HANDLES  # handles kept before the unused ones are forgotten
         self._payload: tuple = (-1, None)  # (version, payload) of the latest payload built
         self.value_bytes = initial.element_size()
         self.driver = SyncDriver(self) if cfg.execution.mode == "sync" else AsyncDriver(self)
@@ -163,9 +164,10 @@ class Scheduler:
     def version_handle(self, version: int, payload: dict) -> dict:
         """{version: handle} of model ``version``, whose payload is ``payload``, broadcast once."""
         if version not in self._handles:
-            if len(self._handles) >= MAX_HANDLES:  # forget versions no unsent task refers to
+            if len(self._handles) >= self._handles_limit:  # forget versions no unsent task refers to
                 in_use = self.driver.versions_in_use()
                 self._handles = {v: h for v, h in self._handles.items() if v in in_use}
+                self._handles_limit = max(MAX_HANDLES, 2 * len(self._handles))  # at most twice those in use
             self._handles[version] = self.runtime.broadcast(payload)
         return {version: self._handles[version]}
 
