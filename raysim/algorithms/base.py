@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -100,10 +100,12 @@ class ClientUpdates:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update({k: _to_tensor(v) if k in _TENSOR_FIELDS else v for k, v in state.items()})
 
-    def split(self) -> list:
-        """One ClientUpdates per row, in row order: row i holds views of each field's rows i:i+1."""
-        n = len(self.client_ids)
-        return [ClientUpdates(*row) for row in zip(*(_row_views(getattr(self, f.name), n) for f in fields(self)))]
+    def row(self, i: int) -> "ClientUpdates":
+        """Row ``i`` alone: views of each field's rows i:i+1."""
+        at = slice(i, i + 1)
+        return ClientUpdates(self.client_ids[at], self.samples[at], self.train_loss[at], self.vector[at],
+                             {k: t[at] for k, t in self.extras.items()}, {k: t[at] for k, t in self.states.items()},
+                             {k: t[at] for k, t in self.diagnostics.items()}, self.compute_seconds[at], self.actor[at])
 
     @staticmethod
     def concat(parts: list) -> "ClientUpdates":
@@ -124,18 +126,6 @@ class ClientUpdates:
 
 _TENSOR_FIELDS = ("vector", "extras", "states", "diagnostics")
 AGGREGATED_AT_ONCE = 1 << 22  # numbers a window of FedAsync steps aggregates at once (32 MiB in float64)
-
-
-def _row_views(value, n: int) -> list:
-    """``value[i:i + 1]`` for each of its ``n`` rows: an array, a tensor, or a dict of them (None stays None)."""
-    if value is None:
-        return [None] * n
-    if isinstance(value, dict):
-        columns = [_row_views(v, n) for v in value.values()]
-        return [dict(zip(value, row)) for row in zip(*columns)] if columns else [{} for _ in range(n)]
-    if isinstance(value, torch.Tensor):
-        return list(value.split(1))
-    return list(value[:, None])
 
 
 def _to_numpy(value):

@@ -96,7 +96,7 @@ class Call:
     payloads: dict
     pending: object
     remaining: int
-    results: list | None = None
+    updates: ClientUpdates | None = None  # its results, once in (one row per client of the task)
     nonfinite: np.ndarray | None = None  # per result: a non-finite loss or update
 
 
@@ -485,13 +485,13 @@ class AsyncDriver:
         if info.call < 0:
             self._send()
         call = self.calls[info.call]
-        if call.results is None:
-            updates = self.s.runtime.gather([call.pending])[0][0]
-            call.results, call.nonfinite = updates.split(), updates.nonfinite()
+        if call.updates is None:
+            call.updates = self.s.runtime.gather([call.pending])[0][0]
+            call.nonfinite = call.updates.nonfinite()
         call.remaining -= 1
         if call.remaining == 0:
             del self.calls[info.call]
-        return call.results[info.index], bool(call.nonfinite[info.index])
+        return call.updates.row(info.index), bool(call.nonfinite[info.index])
 
     def _log(self, event: Event, update: ClientUpdates | None, status: str, staleness: int) -> None:
         """One event row (EVENT_COLUMNS), kept until :meth:`_flush_rows`."""
