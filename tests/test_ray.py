@@ -57,6 +57,11 @@ MODES = {
                                    "execution.over_selection=1.2", "runtime.clients_per_task=3"],
     "fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=12", "execution.max_updates=40",
                               "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=10"],
+    # calls of 50 clients, each from its own model version (stacked payloads), and more versions in use than
+    # MAX_HANDLES (the broadcast handles' clear-out)
+    "fedasync_large_tasks": STRAGGLERS + ["data.num_clients=400", "model.kind=logreg", "execution.mode=async",
+                                          "execution.concurrency=150", "execution.max_updates=300",
+                                          "runtime.clients_per_task=50", "eval.every=100"],
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
                              "execution.concurrency=12", "execution.max_updates=40", "eval.every=3",
                              "data.on_demand=true", "system.availability.kind=bernoulli", "system.availability.p=0.7"],

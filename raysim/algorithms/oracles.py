@@ -72,14 +72,14 @@ def _finish(per_client_steps: list, coins: list | None) -> tuple:
     """(steps [C], active [S, C], participation [S, C] or None) from the clients' step counts and
     :func:`_coins` (None: no client of the task is unreliable)."""
     steps = np.array(per_client_steps, dtype=np.int64)
-    active = np.arange(int(steps.max(initial=0)))[:, None] < steps
+    active = (np.arange(int(steps.max(initial=0)))[:, None] < steps).astype(np.float32)
     if coins is None or all(coin is None for coin in coins):
-        return steps, torch.from_numpy(active.astype(np.float32)), None
-    scales = active.astype(np.float32)
+        return steps, torch.from_numpy(active), None
+    scales = active.copy()
     for c, coin in enumerate(coins):
         if coin is not None:
             scales[:len(coin), c] = coin
-    return steps, torch.from_numpy(active.astype(np.float32)), torch.from_numpy(scales)
+    return steps, torch.from_numpy(active), torch.from_numpy(scales)
 
 
 def minibatch_plan(starts: np.ndarray, sizes: np.ndarray, rngs: list, batch_size: int, epochs: int,

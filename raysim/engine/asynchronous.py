@@ -297,9 +297,7 @@ class AsyncDriver:
         for (updates, _, at), state in zip(steps, states):
             s.state, s.clock = state, at
             s.version += 1
-            eval_row = s.evaluate_if_due(s.version)
-            s.log_round(updates, 1, int(updates.samples.sum()), time.perf_counter() - self.step_began, eval_row)
-            self.step_began = time.perf_counter()
+            self._log_step(updates, s.evaluate_if_due(s.version))
             payloads[s.version] = s.payload()
         s.clock = clock
         return payloads
@@ -346,8 +344,12 @@ class AsyncDriver:
         done = self._should_stop()
         eval_row = s.evaluate_if_due(s.version, final=done)
         s.done = done or self._should_stop()  # the evaluation may have reached target_accuracy
-        s.log_round(updates, len(updates.client_ids), int(updates.samples.sum()),
-                    time.perf_counter() - self.step_began, eval_row)
+        self._log_step(updates, eval_row)
+
+    def _log_step(self, updates: ClientUpdates, eval_row: dict) -> None:
+        """The rounds row of the server step just taken; its wall time runs from the previous row."""
+        self.s.log_round(updates, len(updates.client_ids), int(updates.samples.sum()),
+                         time.perf_counter() - self.step_began, eval_row)
         self.step_began = time.perf_counter()  # after the row's diagnostics, which count in its eval_seconds
 
     def _should_stop(self) -> bool:
@@ -422,7 +424,7 @@ class AsyncDriver:
         would draw them if the completions come in this order: each frees its client, then the
         next sampling counter picks a client among those available at its time and not busy
         (``in_flight`` tasks busy at each such draw). Their timings too, unless the algorithm's
-        work reads the payload (the plan is made before those versions exist)."""
+        ``timing_reads_payload`` (the plan is made before those versions exist)."""
         s = self.s
         busy, flipped = self.busy, []  # put back as it was
         follows, counters, clients = [], [], []
