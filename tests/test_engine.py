@@ -15,8 +15,8 @@ import torch
 from conftest import small_scenario
 
 from raysim.engine.run import Tally
-from raysim.engine.scheduler import MAX_HANDLES
 from raysim.engine.runtime import LocalRuntime
+from raysim.engine.scheduler import MAX_HANDLES
 from raysim.engine.simulation import prepare, run_scenario
 from raysim.system import SystemModel
 from raysim.errors import DivergenceError
