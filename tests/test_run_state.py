@@ -239,6 +239,7 @@ def test_server_steps_taken_together_are_the_one_at_a_time_states(tmp_path, monk
 
     scheduler = _scheduler(small_scenario(tmp_path, *FEDASYNC, f"algorithm.name={algorithm}"))
     algo, state = scheduler.algorithm, scheduler.state
+    assert algo.server_rule(state)[1].rowwise == (algorithm == "fedavg")  # FedAvg's steps are taken at once too
     size = algo.update_size()
     if chunked:
         monkeypatch.setattr(base, "AGGREGATED_AT_ONCE", 3 * size)  # chunks of three steps

@@ -388,18 +388,32 @@ class Algorithm:
         """The states after each of ``steps`` ((updates, weights) pairs of one update each, as FedAsync
         takes them) taken in a row: the states :meth:`server_update` gives one step after the
         other. Under the mean, the steps' aggregates are computed at once (in chunks of at most
-        ``AGGREGATED_AT_ONCE`` numbers, whatever the model's size)."""
+        ``AGGREGATED_AT_ONCE`` numbers, whatever the model's size), and so are their steps when
+        the server direction is the aggregate and the optimizer is ``rowwise``."""
         at_once = self.aggregator.name == "mean" and type(self).server_update is Algorithm.server_update
-        rows = max(1, AGGREGATED_AT_ONCE // steps[0][0].vector[0].numel()) if at_once else 1
+        if not at_once:
+            states = []
+            for updates, weights in steps:
+                states.append(state := self.server_update(state, updates, weights))
+            return states
+        index, optimizer = self.server_rule(state)
+        rowwise = (index is None and optimizer.rowwise and type(self).server_rule is Algorithm.server_rule
+                   and type(self).server_direction is Algorithm.server_direction)
+        rows = max(1, AGGREGATED_AT_ONCE // steps[0][0].vector[0].numel())
         states = []
         for first in range(0, len(steps), rows):
             chunk = steps[first:first + rows]
-            aggregates = (aggregators.weighted_rows(torch.cat([u.vector for u, _ in chunk]),
-                                                    np.concatenate([w for _, w in chunk])) if at_once else [None])
-            for (updates, weights), aggregate in zip(chunk, aggregates):
-                state = (self.server_apply(state, aggregate, state.aggregation, updates, weights) if at_once
-                         else self.server_update(state, updates, weights))
-                states.append(state)
+            aggregates = aggregators.weighted_rows(torch.cat([u.vector for u, _ in chunk]),
+                                                   np.concatenate([w for _, w in chunk]))
+            if rowwise:  # θ_k = θ_{k−1} − step_k, each rounded to θ's dtype as server_apply rounds it
+                theta = state.params.numpy()
+                for step in optimizer.update(aggregates, state.opt)[0].numpy():
+                    theta = (theta - step).astype(theta.dtype, copy=False)
+                    states.append(state := ServerState(torch.from_numpy(theta), state.opt, state.extra, {},
+                                                       state.aggregation))
+            else:
+                for (updates, weights), aggregate in zip(chunk, aggregates):
+                    states.append(state := self.server_apply(state, aggregate, state.aggregation, updates, weights))
         return states
 
     def server_apply(self, state: ServerState, aggregate: torch.Tensor, aggregation: dict, updates: ClientUpdates,

@@ -22,10 +22,13 @@ import torch
 
 
 class ServerOptimizer(NamedTuple):
-    """``init(size) -> state``; ``update(g, state) -> (step to subtract, state)``."""
+    """``init(size) -> state``; ``update(g, state) -> (step to subtract, state)``. ``rowwise``: the
+    optimizer keeps no state and treats each row of g alone, so the steps of several server steps
+    come from one call on their directions stacked ``[K, size]``."""
 
     init: Callable[[int], dict]
     update: Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict]]
+    rowwise: bool = False
 
 
 def _zeros(size: int) -> torch.Tensor:
@@ -34,7 +37,7 @@ def _zeros(size: int) -> torch.Tensor:
 
 def sgd(lr: float) -> ServerOptimizer:
     """step = lr·g."""
-    return ServerOptimizer(lambda size: {}, lambda g, state: (lr * g, state))
+    return ServerOptimizer(lambda size: {}, lambda g, state: (lr * g, state), rowwise=True)
 
 
 def momentum(lr: float, beta: float, nesterov: bool = False) -> ServerOptimizer:

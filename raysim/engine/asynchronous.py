@@ -55,7 +55,7 @@ EVENT_COLUMNS = {"round": np.int64, "client_id": np.int64, "actor": np.int64, "s
                  "virtual_end": np.float64, "model_version": np.int64, "staleness": np.int64, "status": str}
 
 
-@dataclass
+@dataclass(slots=True)
 class Planned:
     """A dispatch drawn ahead: the completion it follows (time, client, counter), the sampling
     counter it takes, the client sampled, its task's draws (:meth:`SystemModel.task_draws`) and,
@@ -70,7 +70,7 @@ class Planned:
     failed: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlight:
     """A dispatched task: the model version it started from and where its result will come from."""
 
@@ -87,7 +87,7 @@ class InFlight:
         return self.call < 0 and not self.failed
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """A runtime call: its task as sent (client states included), the payloads of the task's
     model versions, its pending result and how many of its results are still to be used."""

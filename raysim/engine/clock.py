@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """A client task that ends (or fails) at virtual time ``time``."""
 

@@ -19,6 +19,7 @@ number of actors, the order of calls or which other clients are in a call:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -360,6 +361,15 @@ def _uniforms(key: np.uint64, ids: np.ndarray) -> np.ndarray:
         return (_mix((ids.astype(np.uint64) + key) * _GOLDEN) >> np.uint64(11)) * 2.0 ** -53
 
 
+@functools.lru_cache(maxsize=16)
+def _feistel_domain(n: int) -> tuple:
+    """(domain, half, mask) of :class:`_RandomOrder` over n clients: the smallest power of 4 covering
+    n (at least 4), the bits of a half and their mask (one per population, kept)."""
+    bits = max(2, (n - 1).bit_length())
+    bits += bits % 2
+    return 1 << bits, np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
+
+
 class _RandomOrder:
     """A keyed pseudorandom order of 0..n-1, evaluated in slices (vectorized).
 
@@ -376,10 +386,7 @@ class _RandomOrder:
                  head_clients: np.ndarray | None = None):
         """``keys``: the rounds' keys (uint64 ``[ROUNDS]``); ``head``: the network's values at the first
         positions, if computed already, and ``head_clients`` the clients among them."""
-        bits = max(2, (n - 1).bit_length())
-        bits += bits % 2
-        self.n, self.domain = n, 1 << bits
-        self.half, self.mask = np.uint64(bits // 2), np.uint64((1 << (bits // 2)) - 1)
+        self.n, (self.domain, self.half, self.mask) = n, _feistel_domain(n)
         self.keys, self.head, self.head_clients = keys, head, head_clients
 
     @classmethod
