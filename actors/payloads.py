@@ -35,7 +35,7 @@ def unpack(refs: dict, groups: list) -> dict:
 
     payloads = dict(zip(refs, ray.get(list(refs.values())))) if refs else {}
     for versions, stacked in groups:
-        tensors = {key: torch.from_numpy(np.array(array)) for key, array in stacked.items()}  # Ray's are read-only
-        for row, version in enumerate(versions):  # each its own tensor, as a payload put in the store would be
-            payloads[version] = {key: tensor[row].clone() for key, tensor in tensors.items()}
+        for row, version in enumerate(versions):  # each a copy (Ray's arrays are read-only) of its own, as a
+            payloads[version] = {key: torch.from_numpy(array[row].copy())  # payload put in the store would be
+                                 for key, array in stacked.items()}
     return payloads

@@ -192,6 +192,9 @@ def test_payloads_travel_stacked_by_structure_and_arrive_as_their_own_tensors(ra
     assert list(refs) == [11]
     assert [(versions, {k: a.shape for k, a in arrays.items()}) for versions, arrays in groups] == [
         ((3, 4, 9), {"params": (3, 5)}), ((7,), {"params": (1, 2), "m": (1, 2, 2)})]
+    for _, arrays in groups:
+        for array in arrays.values():
+            array.setflags(write=False)  # as Ray hands them to the actor
     payloads = unpack(refs, groups)
     assert torch.equal(payloads[11]["params"], stored["params"])
     for version, payload in inline.items():
@@ -200,4 +203,5 @@ def test_payloads_travel_stacked_by_structure_and_arrive_as_their_own_tensors(ra
             got = payloads[version][key]
             assert got.dtype == torch.from_numpy(array).dtype and np.array_equal(got.numpy(), array)
             assert got.storage_offset() == 0 and got.is_contiguous()  # a tensor of its own, not a view
+            assert got.untyped_storage().nbytes() == array.nbytes
             got += 1  # writable
