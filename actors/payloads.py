@@ -35,7 +35,6 @@ def unpack(refs: dict, groups: list) -> dict:
 
     payloads = dict(zip(refs, ray.get(list(refs.values())))) if refs else {}
     for versions, stacked in groups:
-        for row, version in enumerate(versions):  # each a copy (Ray's arrays are read-only) of its own, as a
-            payloads[version] = {key: torch.from_numpy(array[row].copy())  # payload put in the store would be
-                                 for key, array in stacked.items()}
+        for row, version in enumerate(versions):  # a copy of its own per version (Ray's arrays are read-only)
+            payloads[version] = {key: torch.from_numpy(array[row].copy()) for key, array in stacked.items()}
     return payloads

@@ -128,6 +128,12 @@ _TENSOR_FIELDS = ("vector", "extras", "states", "diagnostics")
 AGGREGATED_AT_ONCE = 1 << 22  # numbers a window of FedAsync steps aggregates at once (32 MiB in float64)
 
 
+def _descend(theta: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """θ − step, computed in float64 (a float32 θ or step is promoted exactly) and rounded once to
+    θ's dtype; numpy, since torch's mixed-precision subtraction costs several times more on small models."""
+    return np.subtract(theta, step, dtype=np.float64).astype(theta.dtype, copy=False)
+
+
 def _to_numpy(value):
     """A tensor (or a dict of tensors) as numpy arrays; anything else as it is."""
     if isinstance(value, torch.Tensor):
@@ -405,10 +411,10 @@ class Algorithm:
             chunk = steps[first:first + rows]
             aggregates = aggregators.weighted_rows(torch.cat([u.vector for u, _ in chunk]),
                                                    np.concatenate([w for _, w in chunk]))
-            if rowwise:  # θ_k = θ_{k−1} − step_k, each rounded to θ's dtype as server_apply rounds it
+            if rowwise:  # θ_k = θ_{k−1} − step_k, as server_apply takes each
                 theta = state.params.numpy()
                 for step in optimizer.update(aggregates, state.opt)[0].numpy():
-                    theta = (theta - step).astype(theta.dtype, copy=False)
+                    theta = _descend(theta, step)
                     states.append(state := ServerState(torch.from_numpy(theta), state.opt, state.extra, {},
                                                        state.aggregation))
             else:
@@ -423,12 +429,13 @@ class Algorithm:
         index, optimizer = self.server_rule(state)
         direction, extra, diagnostics = self.server_direction(state, aggregate, updates, weights)
         step, opt = optimizer.update(direction, state.opt)
-        if index is None:  # in float64: a float32 θ is promoted exactly, without a copy of its own
-            params = (state.params if step.dtype == torch.float64 else state.params.double()) - step
+        if index is None:
+            params = torch.from_numpy(_descend(state.params.numpy(), step.numpy()))
         else:
             params = state.params.double().clone()
             params[index] -= step
-        return ServerState(params.to(state.params.dtype), opt, extra, diagnostics, aggregation)
+            params = params.to(state.params.dtype)
+        return ServerState(params, opt, extra, diagnostics, aggregation)
 
     def global_params(self, state: ServerState) -> torch.Tensor:
         """The flat parameters to evaluate and save."""
