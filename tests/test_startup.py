@@ -78,8 +78,8 @@ def test_cli_model_rejected_after_ray_started_is_one_line_and_exit_2(tmp_path):
 
 
 def test_embedded_ray_closes_every_process_it_started():
-    """The embedded Ray runs no autoscaler monitor (one node never autoscales), and
-    RayRuntime.close() ends every daemon and worker it started."""
+    """The embedded Ray runs no autoscaler monitor (one node never autoscales) and no dashboard
+    head (include_dashboard=False), and RayRuntime.close() ends every daemon and worker it started."""
     proc = _python("""
         import time, psutil
         from raysim.config import load_scenario
@@ -90,13 +90,14 @@ def test_embedded_ray_closes_every_process_it_started():
         runtime.start()  # a second call does nothing
         started = psutil.Process().children(recursive=True)
         print("monitor" if any("autoscaler" in " ".join(p.cmdline()) for p in started) else "no monitor",
+              "dashboard" if any("dashboard.py" in " ".join(p.cmdline()) for p in started) else "no dashboard",
               "raylet" if any("raylet" in " ".join(p.cmdline()) for p in started) else "no raylet")
         runtime.close()
         gone, alive = psutil.wait_procs(started, timeout=30)
         print("alive:", [" ".join(p.cmdline())[:80] for p in alive])
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["no monitor raylet", "alive: []"], proc.stdout
+    assert proc.stdout.splitlines() == ["no monitor no dashboard raylet", "alive: []"], proc.stdout
 
 
 def test_long_lived_loads_without_gc_then_freezes():
