@@ -193,6 +193,10 @@ class EvalConfig:
     clients: Optional[int] = key(None, "evaluate (globally and personalized) on a seeded "
                                        "sample of this many clients, the same at every evaluation (null: every "
                                        "client)", check=positive_int, when=when("data.kind", "quadratic", negate=True))
+    where: str = key("auto", "where the global model is tested: driver (the scheduler's process) | actors (the "
+                             "ClientActors, in parallel, on their devices) | auto (actors when they have GPUs and "
+                             "rounds are synchronous, else driver); the same bits on the same kind of device",
+                     check=one_of("auto", "driver", "actors"), when=when("data.kind", "quadratic", negate=True))
     curvature: bool = key(False, "log the exact objective J (mean client training loss plus the weight-decay "
                                  "term), its gradient's squared norm and the least eigenvalue of its Hessian at "
                                  "every evaluation (full Hessian: small models only)")

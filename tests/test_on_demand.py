@@ -16,6 +16,7 @@ from raysim.api import execute
 from raysim.data import GeneratedDataset, build_dataset, open_dataset
 from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, SyntheticImagesLaw
 from raysim.data.saddle import SaddleLaw
+from raysim.engine.dispatch import make_tasks
 from raysim.engine.evaluation import GlobalEvaluator
 from raysim.engine.scheduler import evaluated_clients
 from raysim.errors import ScenarioError
@@ -149,7 +150,8 @@ def test_global_evaluation_on_a_seeded_sample(tmp_path):
     from raysim.models import build_model
 
     model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
-    evaluator = GlobalEvaluator(model, dataset, chosen, threads=1)
+    tasks = make_tasks("evaluate", chosen, dataset.train_sizes(), 0, 3, 0)
+    evaluator = GlobalEvaluator(model, dataset, tasks, threads=1)
     assert evaluator.num_rows == 7 * 10  # 10 test rows per gaussian_mixture client
     test = dataset.rows_of(chosen, "test")
     assert np.array_equal(evaluator.labels.numpy(), test.labels)

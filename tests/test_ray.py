@@ -53,6 +53,9 @@ STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1
 MODES = {
     "sync": ["execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2",
              "eval.personalized_steps=2", "data.on_demand=true", "eval.clients=15"],
+    # the global model tested by the hosts (eval.where: actors), each evaluation spread over them
+    "sync_eval_on_actors": ["execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3",
+                            "eval.every=1", "eval.where=actors", "data.on_demand=true", "eval.clients=15"],
     "sync_deadline": STRAGGLERS + ["execution.rounds=4", "execution.clients_per_round=20", "execution.deadline=10",
                                    "execution.over_selection=1.2", "runtime.clients_per_task=3"],
     "fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=12", "execution.max_updates=40",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"Algorithm": "base", "AlgorithmEnv": "base", "ClientContext": "base", "ClientUpdates": "base",
-            "Personalized": "base", "RowData": "base", "ServerState": "base", "make_algorithm": "build"}
+            "ClientTests": "base", "RowData": "base", "ServerState": "base", "make_algorithm": "build"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -151,8 +151,8 @@ def _to_tensor(value):
 
 
 @dataclass
-class Personalized:
-    """Per-client test results after local fine-tuning."""
+class ClientTests:
+    """Per-client test results: of the global model, or of each client's model after local fine-tuning."""
 
     client_ids: np.ndarray
     test_loss_sum: np.ndarray
@@ -459,13 +459,13 @@ class Algorithm:
         return self.cfg.lr
 
     def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float,
-                    adapt_on: str = "train") -> Personalized:
+                    adapt_on: str = "train") -> ClientTests:
         """Fine-tune the whole model (``steps`` SGD steps, or ``epochs`` local epochs when > 0) on
         each client's ``adapt_on`` rows, then test it there."""
         return self.finetune_and_test(ctx, ctx.start(payloads), steps, epochs, lr, adapt_on=adapt_on)
 
     def finetune_and_test(self, ctx: ClientContext, start: torch.Tensor, steps: int, epochs: int, lr: float,
-                          only: torch.Tensor | None = None, adapt_on: str = "train") -> Personalized:
+                          only: torch.Tensor | None = None, adapt_on: str = "train") -> ClientTests:
         """Fine-tune ``start`` [C, P] (only the ``only`` entries move) on minibatches of each
         client's ``adapt_on`` rows (train or test), then test each client's model on its own test rows."""
         plan = ctx.plan(None if epochs > 0 else steps, getattr(self.cfg, "batch_size", 1), epochs, rows=adapt_on)
@@ -480,7 +480,7 @@ class Algorithm:
                 loss_sum.append(F.cross_entropy(logits, y, reduction="sum").item())
                 correct.append(int((logits.argmax(1) == y).sum()))
                 rows.append(int(hi - lo))
-        return Personalized(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
+        return ClientTests(ctx.client_ids, np.array(loss_sum), np.array(correct), np.array(rows))
 
     # ------------------------------------------------------------------ cost
 

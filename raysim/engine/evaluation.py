@@ -1,5 +1,5 @@
-"""Evaluation on the scheduler: the server model over the evaluated clients' test rows, the exact
-metrics of a quadratic problem, or the exact objective and curvature of a small model."""
+"""Evaluation: the server model over the evaluated clients' test rows (on the driver or the client
+hosts), the exact metrics of a quadratic problem, or the exact objective and curvature of a small model."""
 
 from __future__ import annotations
 
@@ -7,33 +7,64 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raysim.algorithms import ClientTests, RowData
 from raysim.threads import torch_threads
 
 CURVATURE_CHUNK = 2 ** 20  # rows × parameters per pass of the curvature evaluation (bounds its memory)
 
 
-def evaluate_rows(model, flat: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
-                  chunk: int = 8192) -> tuple[float, int]:
-    """(sum of cross-entropy, number correct) of parameters ``flat`` over the given rows."""
-    loss, correct = 0.0, 0
+def client_tests(model, params: torch.Tensor, data, client_ids: np.ndarray, chunk: int = 8192) -> ClientTests:
+    """Each client's test rows (``data``: a :class:`RowData`) through the one model ``params`` [P]:
+    per client, its summed cross-entropy (float64), the rows it gets right and its test rows.
+
+    The rows are gathered client after client, ``chunk`` at a time, into fresh tensors, so a
+    client's figures depend only on the clients it is tested with (its evaluation task) and the
+    kind of device: the driver and any ClientActor give the same bits."""
+    lo, hi = data.offsets[:, 1], data.offsets[:, 2]
+    counts = (hi - lo).astype(np.int64)
+    total = int(counts.sum())
+    index = torch.from_numpy(np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total))
+    index = index.to(data.features.device)
+    losses, hits = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.bool)]
     with torch.no_grad():
-        for i in range(0, features.shape[0], chunk):
-            logits = model.logits(flat, features[i:i + chunk])
-            y = labels[i:i + chunk]
-            loss += F.cross_entropy(logits, y, reduction="sum").item()
-            correct += int((logits.argmax(1) == y).sum())
-    return loss, correct
+        for i in range(0, total, chunk):
+            rows = index[i:i + chunk]
+            logits = model.logits(params, data.features.index_select(0, rows))
+            y = data.labels.index_select(0, rows)
+            losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
+            hits.append((logits.argmax(1) == y).cpu())
+    owner = np.repeat(np.arange(len(counts)), counts)  # bincount sums each client's rows in order
+    return ClientTests(np.asarray(client_ids), np.bincount(owner, torch.cat(losses).numpy(), len(counts)),
+                       np.bincount(owner, torch.cat(hits).numpy(), len(counts)).astype(np.int64), counts)
+
+
+def pooled(results: list) -> tuple[float, float]:
+    """(test loss, test accuracy) over every row of the clients in ``results`` (ClientTests), summed
+    in client-id order; NaN when no client has test rows."""
+    ids = np.concatenate([r.client_ids for r in results])
+    order = np.argsort(ids, kind="stable")
+    rows = int(sum(int(r.test_rows.sum()) for r in results))
+    if rows == 0:
+        return float("nan"), float("nan")
+    loss = np.concatenate([r.test_loss_sum for r in results])[order].sum()
+    correct = sum(int(r.test_correct.sum()) for r in results)
+    return float(loss) / rows, correct / rows
 
 
 class GlobalEvaluator:
-    """Sample-weighted test loss and accuracy over the test rows of the evaluated ``clients``
-    (every client, or the seeded sample of ``eval.clients``)."""
+    """Sample-weighted test loss and accuracy of the global model over the test rows of the
+    evaluated clients (every client, or the seeded sample of ``eval.clients``), on the driver:
+    the ``tasks`` (of ``op`` 'evaluate') that the ClientActors would run with ``eval.where:
+    actors``, one after another, with the same bits."""
 
-    def __init__(self, model, dataset, clients: np.ndarray, threads: int):
+    def __init__(self, model, dataset, tasks: list, threads: int):
+        clients = np.sort(np.concatenate([np.asarray(t.client_ids, dtype=np.int64) for t in tasks]))
         rows = dataset.rows_of(clients, "test", keep=False)  # this copy is the evaluator's own
         self.features = torch.from_numpy(rows.features).reshape(-1, *dataset.feature_shape)
         self.labels = torch.from_numpy(rows.labels)
-        self.model, self.threads = model, threads
+        self.data = [RowData(self.features, self.labels, rows.offsets[np.searchsorted(clients, t.client_ids)])
+                     for t in tasks]
+        self.model, self.tasks, self.threads = model, tasks, threads
 
     @property
     def num_rows(self) -> int:
@@ -41,11 +72,9 @@ class GlobalEvaluator:
 
     def __call__(self, params: torch.Tensor) -> tuple[float, float]:
         """(test loss, test accuracy); NaN when no client has test rows."""
-        if self.num_rows == 0:
-            return float("nan"), float("nan")
         with torch_threads(self.threads):
-            loss, correct = evaluate_rows(self.model, params, self.features, self.labels)
-        return loss / self.num_rows, correct / self.num_rows
+            return pooled([client_tests(self.model, params, data, task.client_ids)
+                           for task, data in zip(self.tasks, self.data)])
 
 
 class QuadraticEvaluator:

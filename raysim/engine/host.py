@@ -16,6 +16,7 @@ from raysim.config import scenario_object
 from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.algorithms.oracles import Participation
 from raysim.data import FederatedDataset, QuadraticProblem, open_dataset
+from raysim.engine.evaluation import client_tests
 from raysim.models import build_model
 from raysim.streams import Purpose, streams
 from raysim.system import SystemModel
@@ -24,10 +25,11 @@ from raysim.threads import torch_threads
 
 @dataclass(frozen=True)
 class Task:
-    """Work for a group of clients, run together (vectorized): ``op`` is 'train' or 'personalize';
-    per client, ``counters`` numbers its dispatch (the round in synchronous mode) and seeds its
-    RNG, and ``versions`` names the payload (model version) it starts from. ``states`` holds
-    each client's kept state for stateful algorithms (a dict of tensors, or None on a first visit)."""
+    """Work for a group of clients, run together (vectorized): ``op`` is 'train', 'personalize' or
+    'evaluate' (the global model on the clients' test rows); per client, ``counters`` numbers its
+    dispatch (the round in synchronous mode) and seeds its RNG, and ``versions`` names the payload
+    (model version) it starts from. ``states`` holds each client's kept state for stateful
+    algorithms (a dict of tensors, or None on a first visit)."""
 
     op: str
     client_ids: tuple
@@ -94,7 +96,7 @@ class ClientHost:
 
     def run(self, payloads: dict, tasks: list, prepare: tuple = ()) -> list:
         """Run tasks in order, each client from ``payloads[version]``; one result per task
-        (ClientUpdates or Personalized). Then, with data built on demand, a background thread
+        (ClientUpdates, or ClientTests). Then, with data built on demand, a background thread
         builds the rows of the clients in ``prepare`` (those this host will likely train next)
         while the host waits for its next call; that call waits for it first, so the data set
         is never used by two threads at once."""
@@ -115,6 +117,8 @@ class ClientHost:
 
     def _run_one(self, payloads: list, task: Task):
         ids = np.asarray(task.client_ids, dtype=np.int64)
+        if task.op == "evaluate":  # the global model over the clients' test rows (eval.where: actors)
+            return client_tests(self.model, payloads[0]["params"].to(self.device), self.data(ids), ids)
         purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
         rngs = streams(self.cfg.seed, purpose, np.stack([ids, np.asarray(task.counters, dtype=np.int64)], 1))
         ctx = ClientContext(ids, rngs, self.model, self.data(ids), self.device, *self._unreliable(ids, task.op),

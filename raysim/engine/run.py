@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
+from raysim.engine.scheduler import evaluates_on_hosts
 from raysim.metrics import ParquetLog
 from raysim.metrics.output import DIAGNOSTICS
 
@@ -289,6 +290,7 @@ class Run:
             "final_personalized_accuracy_ci95": _null(last.get("personalized_accuracy_ci95")),
             "final_diagnostics": {k: float(v) for k, v in self.tally.diagnostics.items()},
             "evaluated_clients": min(cfg.eval.clients or math.inf, self.prepared.dataset.num_clients),
+            "evaluated_on": None if cfg.data.kind == "quadratic" else "actors" if evaluates_on_hosts(cfg) else "driver",
             "data_on_demand": self.prepared.dataset.on_demand,
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
             "wall_seconds": time.perf_counter() - self.began,

@@ -20,7 +20,7 @@ from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
-from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator
+from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator, pooled
 from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
 from raysim.errors import DivergenceError, NoClientAvailable, RunError
@@ -45,6 +45,15 @@ def evaluated_clients(cfg, num_clients: int) -> np.ndarray:
     return np.sort(stream(cfg.seed, Purpose.EVAL_CLIENTS).choice(num_clients, k, replace=False))
 
 
+def evaluates_on_hosts(cfg) -> bool:
+    """Whether the client hosts test the global model (``eval.where``; 'auto': when the actors have
+    GPUs and rounds are synchronous, since an asynchronous run's evaluation calls would queue
+    behind every task in flight)."""
+    if cfg.eval.where == "auto":
+        return cfg.runtime.gpus_per_actor > 0 and cfg.execution.mode == "sync"
+    return cfg.eval.where == "actors"
+
+
 class Scheduler:
     """Virtual time, server state, dispatch; :meth:`advance` runs server steps for a while."""
 
@@ -64,14 +73,14 @@ class Scheduler:
         self.momentum: dict = {}  # client id -> its momentum of updates (algorithm.client_momentum)
         initial = self.model.initial_vector()
         self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
-        self.evaluator = None if problem is not None else GlobalEvaluator(self.model, self.dataset, self.eval_clients,
-                                                                          cfg.runtime.torch_threads)
+        self.task_size = clients_per_task(cfg)
+        self.evaluator = None if problem is not None or evaluates_on_hosts(cfg) else GlobalEvaluator(
+            self.model, self.dataset, self.eval_tasks(0), cfg.runtime.torch_threads)  # else: the hosts test
         self.quadratic = None if problem is None else QuadraticEvaluator(problem, self.algorithm.personalised,
                                                                                  initial)
         self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
             self.model, self.dataset, cfg.system.unreliable.weights == "uniform",
             getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
-        self.task_size = clients_per_task(cfg)
         # a server step is the algorithm's update alone: no client momentum, no update an attack replaces or
         # watches, and the mean (no check of the model after the step)
         self.plain_steps = (not getattr(cfg.algorithm, "client_momentum", 0.0) and self.judges_each_update
@@ -286,12 +295,24 @@ class Scheduler:
         began = time.perf_counter()
         every = self.cfg.eval.every
         row = dict.fromkeys(EVAL_COLUMNS, math.nan)
-        if (final or (every > 0 and step % every == 0)) and self.evaluator is not None:
-            row["test_loss"], row["test_accuracy"] = self.evaluator(self.algorithm.global_params(self.state))
+        if (final or (every > 0 and step % every == 0)) and self.quadratic is None:
+            row["test_loss"], row["test_accuracy"] = self._test(self.algorithm.global_params(self.state))
             row.update(self._personalized())
             self.last_eval.update(row)
         row["eval_seconds"] = time.perf_counter() - began
         return row
+
+    def eval_tasks(self, version: int) -> list:
+        """The evaluated clients grouped into tasks (of ``op`` 'evaluate', from model ``version``)."""
+        return make_tasks("evaluate", self.eval_clients, self.train_sizes, 0, self.task_size, version)
+
+    def _test(self, params: torch.Tensor) -> tuple[float, float]:
+        """(test loss, test accuracy) of the global model ``params``: on the driver, or as
+        'evaluate' tasks on the client hosts, which give the same bits on the same kind of device."""
+        if self.evaluator is not None:
+            return self.evaluator(params)
+        handle = {self.version: self.runtime.broadcast({"params": params})}
+        return pooled(run_tasks(self.runtime, handle, self.eval_tasks(self.version), self.train_sizes))
 
     def _personalized(self) -> dict:
         """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``) and
