@@ -66,10 +66,6 @@ class GlobalEvaluator:
                      for t in tasks]
         self.model, self.tasks, self.threads = model, tasks, threads
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.labels.shape[0])
-
     def __call__(self, params: torch.Tensor) -> tuple[float, float]:
         """(test loss, test accuracy); NaN when no client has test rows."""
         with torch_threads(self.threads):
