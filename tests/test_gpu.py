@@ -1,5 +1,6 @@
-"""On a machine with a CUDA GPU (skipped elsewhere): clients train on the GPU in fractional-GPU
-actors, and the results are the same bytes whatever the number of actors sharing it."""
+"""On a machine with a CUDA GPU (skipped elsewhere): clients train (and a synchronous run's model is
+tested) on the GPU in fractional-GPU actors, and the results are the same bytes whatever the number
+of actors sharing it."""
 
 from __future__ import annotations
 
@@ -31,5 +32,7 @@ def test_one_two_and_four_actors_per_gpu_give_the_same_model(tmp_path, workload,
     runs = {actors: _run(tmp_path, workload, overrides, actors, 1.0 / actors) for actors in (1, 2, 4)}
     for summary in runs.values():
         assert {a["device"] for a in summary["actors"]} == {"cuda"}
-    for figure in ("model_sha256", "final_test_accuracy", "virtual_time", "client_updates"):
+        # eval.where auto: the GPU actors test a synchronous run's model, the driver an asynchronous one's
+        assert summary["evaluated_on"] == ("actors" if workload == "w3" else "driver")
+    for figure in ("model_sha256", "final_test_accuracy", "final_test_loss", "virtual_time", "client_updates"):
         assert len({s[figure] for s in runs.values()}) == 1, figure

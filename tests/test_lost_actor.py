@@ -204,7 +204,7 @@ def test_a_lost_scheduler_actor_is_scheduler_lost_and_a_new_one_can_start(ray_se
     from actors.runtime import SchedulerLost
 
     reference = small_scenario(tmp_path / "local", "execution.rounds=3")
-    expected = run_scenario(reference, prepare(reference), LocalRuntime())
+    expected = run_scenario(reference, prepare(reference), LocalRuntime())["model_sha256"]
     cfg = small_scenario(tmp_path / "ray", "execution.rounds=3", "runtime.num_actors=1", "runtime.scheduler=actor",
                          backend="ray")
     scenario = OmegaConf.to_container(cfg, resolve=True)
