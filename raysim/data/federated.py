@@ -41,10 +41,16 @@ def split_rows(offsets: np.ndarray, split: str) -> tuple[np.ndarray, np.ndarray]
 def gather_rows(features: np.ndarray, labels: np.ndarray, offsets: np.ndarray, split: str = "all") -> ClientRows:
     """The ``split`` rows of the clients whose ``offsets`` (rows of ``features``/``labels``) are
     given, copied client after client into a :class:`ClientRows`."""
+    index, packed = row_index(offsets, split)
+    return ClientRows(features[index], labels[index], packed)
+
+
+def row_index(offsets: np.ndarray, split: str = "all") -> tuple[np.ndarray, np.ndarray]:
+    """(the row numbers of the ``split`` rows of the clients under ``offsets``, client after client;
+    those rows' offsets once gathered, as :func:`packed_offsets` gives them)."""
     lo, hi = split_rows(offsets, split)
     packed = packed_offsets(offsets, lo, hi)
-    index = np.repeat(lo - packed[:, 0], hi - lo) + np.arange(int(packed[-1, 2]) if len(packed) else 0)
-    return ClientRows(features[index], labels[index], packed)
+    return np.repeat(lo - packed[:, 0], hi - lo) + np.arange(int(packed[-1, 2]) if len(packed) else 0), packed
 
 
 def packed_offsets(offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

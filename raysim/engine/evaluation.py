@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from raysim.algorithms import ClientTests, RowData
+from raysim.data.federated import row_index
 from raysim.threads import torch_threads
 
 CURVATURE_CHUNK = 2 ** 20  # rows × parameters per pass of the curvature evaluation (bounds its memory)
@@ -20,11 +21,9 @@ def client_tests(model, params: torch.Tensor, data, client_ids: np.ndarray, chun
     The rows are gathered client after client, ``chunk`` at a time, into fresh tensors, so a
     client's figures depend only on the clients it is tested with (its evaluation task) and the
     kind of device: the driver and any ClientActor give the same bits."""
-    lo, hi = data.offsets[:, 1], data.offsets[:, 2]
-    counts = (hi - lo).astype(np.int64)
-    total = int(counts.sum())
-    index = torch.from_numpy(np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total))
-    index = index.to(data.features.device)
+    rows_at, packed = row_index(data.offsets, "test")
+    counts, total = packed[:, 2] - packed[:, 0], len(rows_at)
+    index = torch.from_numpy(rows_at).to(data.features.device)
     losses, hits = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.bool)]
     with torch.no_grad():
         for i in range(0, total, chunk):
