@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 
@@ -36,6 +37,19 @@ def cluster_address(runtime_cfg) -> str | None:
     None: the run starts a private embedded Ray (a ``RAY_ADDRESS`` exported in the shell is
     not a job's)."""
     return runtime_cfg.address or job_address()
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """ScenarioError naming ``runtime.address`` when nothing answers at its ``host:port`` (ray.init
+    would retry for minutes); ``auto`` and URIs (``ray://``) are left to Ray."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not host:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        raise ScenarioError("runtime.address", address, "the host:port of a running Ray cluster's head (GCS), or "
+                            f"auto: nothing answers there ({exc})") from None
 
 
 def embedded_resources(runtime_cfg) -> tuple[float, float | None]:
@@ -225,6 +239,8 @@ class RayRuntime:
     ClientActors and the SchedulerActor."""
 
     def __init__(self, runtime_cfg):
+        if runtime_cfg.address and not ray.is_initialized():
+            _check_reachable(runtime_cfg.address)  # before the run claims its directory
         self.cfg = runtime_cfg
         self.pool = None
         self.num_actors = 0

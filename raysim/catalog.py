@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import sys
 
@@ -70,6 +71,18 @@ def import_object(path: str, target: str, what: str):
         return functools.reduce(getattr, attr.split("."), module)
     except AttributeError:
         raise ScenarioError(path, target, f"a name that module {module_name} defines ({what})") from None
+
+
+def call_imported(path: str, target: str, what: str, *args, **kwargs):
+    """``import_object(path, target, what)(*args, **kwargs)``; ``path`` is blamed when the object
+    cannot take those arguments (errors raised inside it are the user's and go through)."""
+    function = import_object(path, target, what)
+    try:
+        inspect.signature(function).bind(*args, **kwargs)
+    except (TypeError, ValueError) as exc:  # ValueError: a callable without a signature
+        taking = ", ".join([f"{len(args)} positional arguments"] * bool(args) + [f"{k}=" for k in kwargs])
+        raise ScenarioError(path, target, f"{what}, called with {taking} ({exc})") from None
+    return function(*args, **kwargs)
 
 
 def algorithm_class(name: str):

@@ -16,20 +16,20 @@ class ProgressBar:
     rel_error) and updates per second; it appears with the scheduler's first report (a run refused
     earlier prints only its error)."""
 
-    def __init__(self, cfg, enabled: bool):
+    def __init__(self, cfg, enabled: bool, applied: int = 0):
         ex = cfg.execution
         self.sync, self.enabled = ex.mode == "sync", enabled
         self.total = ex.rounds if self.sync else ex.max_updates
         self.bar = None
-        self.last = (time.perf_counter(), 0)
+        self.last = (time.perf_counter(), applied)  # of the previous report (a resumed run's: its checkpoint's)
 
     def __call__(self, report: dict):
-        if self.bar is None:
+        done = report["version"] if self.sync else report["applied"]
+        if self.bar is None:  # tqdm's rate counts from the first report, not from 0 in no time
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, unit="round" if self.sync else "update", disable=not self.enabled,
-                            dynamic_ncols=True)
-        done = report["version"] if self.sync else report["applied"]
+            self.bar = tqdm(total=self.total, initial=done, unit="round" if self.sync else "update",
+                            disable=not self.enabled, dynamic_ncols=True)
         self.bar.update(done - self.bar.n)
         acc = report["last_eval"]["test_accuracy"]
         now, applied = time.perf_counter(), report["applied"]
@@ -72,16 +72,13 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
     """Run (or resume) a loaded scenario with a progress bar and a closing line."""
     from raysim.api import execute
 
-    bar = ProgressBar(cfg, enabled=not args.quiet)
+    bar = ProgressBar(cfg, enabled=not args.quiet, applied=0 if checkpoint is None else checkpoint.state.applied)
     try:
         summary, _ = execute(cfg, bar, began, checkpoint, freeze=True)
     except RunError as exc:
         raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
     except KeyboardInterrupt as exc:  # main() prints this line
-        from raysim.lifecycle import terminated
-
-        exc.args = (f"{'terminated' if terminated() else 'interrupted'}: metrics and a checkpoint are in "
-                    f"{cfg.output.dir}; continue with: raysim resume {cfg.output.dir}",)
+        exc.args = (_stopped_line(cfg.output.dir),)
         raise
     finally:
         bar.close()
@@ -91,6 +88,20 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
         print(f"{cfg.name}: {steps}, {summary['client_updates']} client updates, {_final_metrics(summary)}, "
               f"{summary['wall_seconds']:.1f} s wall -> {cfg.output.dir}")
     return 0
+
+
+def _stopped_line(run_dir: str) -> str:
+    """What Ctrl-C or SIGTERM left in ``run_dir``: a checkpoint to resume from, or nothing yet."""
+    from raysim.engine.checkpoint import CHECKPOINT
+    from raysim.lifecycle import terminated
+    from raysim.metrics import OutputDir
+
+    how = "terminated" if terminated() else "interrupted"
+    try:
+        OutputDir.open(run_dir, create=False).reader(CHECKPOINT).close()
+    except (FileNotFoundError, ScenarioError):
+        return f"{how} before the run's first checkpoint: nothing to resume in {run_dir}"
+    return f"{how}: metrics and a checkpoint are in {run_dir}; continue with: raysim resume {run_dir}"
 
 
 def _final_metrics(summary: dict) -> str:
@@ -134,7 +145,8 @@ def cmd_validate(args) -> int:
     prepared = prepare(cfg, create_output=False)
     dataset, model = prepared.dataset, prepared.model
     budget = _budget(cfg.execution)
-    print(f"ok: {args.scenario}: {dataset.num_clients} clients, {dataset.num_classes} classes, "
+    classes = f"{dataset.num_classes} classes" if dataset.num_classes else "regression (no classes)"
+    print(f"ok: {args.scenario}: {dataset.num_clients} clients, {classes}, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
           f"algorithm {cfg.algorithm.name}, {budget}; {summary(cfg)}")
     return 0
@@ -199,6 +211,9 @@ def cmd_jobs(args) -> int:
 def cmd_report(args) -> int:
     from raysim.metrics.report import time_to_accuracy_table, write_report
 
+    if args.target is not None and not 0 < args.target <= 1:
+        raise ScenarioError("--target", args.target, "a test accuracy in (0, 1]")
+
     for path in write_report(args.runs, args.out, args.target):
         print(path)
     if args.target is not None:
@@ -230,27 +245,27 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm.lr=0.1")
+    run.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1")
     run.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
     run.set_defaults(func=cmd_run)
     res = sub.add_parser("resume", help="continue a stopped run from its checkpoint (same results as if it had "
                                         "never stopped)")
     res.add_argument("run_dir", help="the run's output directory (output.dir, a path or URI)")
-    res.add_argument("overrides", nargs="*", help="key=value overrides of keys that cannot change results: "
+    res.add_argument("overrides", nargs="*", default=[], help="key=value overrides of keys that cannot change results: "
                                                   "runtime.*, data.on_demand, data.cache_mb, output.flush_seconds, "
                                                   "output.checkpoint_*")
     res.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
     _job_options(res, required=False)
     res.set_defaults(func=cmd_resume)
     val = sub.add_parser("validate", help="check a scenario and overrides without running it")
-    val.add_argument("scenario")
-    val.add_argument("overrides", nargs="*")
+    val.add_argument("scenario", help="scenario YAML file")
+    val.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1")
     val.set_defaults(func=cmd_validate)
     lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms with their keys, and every scenario key, as YAML")
     lst.set_defaults(func=cmd_list)
     sbm = sub.add_parser("submit", help="run a scenario as a Ray job on a cluster (Job Submission SDK)")
     sbm.add_argument("scenario", help="scenario YAML file inside this repository (it travels with the job)")
-    sbm.add_argument("overrides", nargs="*", help="key=value overrides")
+    sbm.add_argument("overrides", nargs="*", default=[], help="key=value overrides")
     _job_options(sbm, required=True)
     sbm.set_defaults(func=cmd_submit)
     jbs = sub.add_parser("jobs", help="list the cluster's jobs, or stop one")
@@ -287,7 +302,7 @@ def parser() -> argparse.ArgumentParser:
     swp = sub.add_parser("sweep", help="run every point of a grid of scenario keys (and repeats) as a full run; "
                                        "one table (sweep.parquet) and plots")
     swp.add_argument("scenario", help="scenario YAML file (a sweep: section gives the grid and these options)")
-    swp.add_argument("overrides", nargs="*", help="key=value overrides for every point")
+    swp.add_argument("overrides", nargs="*", default=[], help="key=value overrides for every point")
     swp.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,…",
                      help="a grid key and its values (YAML, lists in brackets: model.hidden=[64],[64,64]); repeat "
                           "for more keys, the points are their Cartesian product")
@@ -296,7 +311,7 @@ def parser() -> argparse.ArgumentParser:
                                    "(default results/sweeps/<name>)")
     swp.add_argument("--parallel", type=int, help="points run at once, each in its own process (default 1); each "
                                                   "point's embedded Ray then declares runtime.num_cpus = CPUs // N "
-                                                  "(at least 1) unless the scenario sets it")
+                                                  "(at least 1) unless the scenario, an override or the grid sets it")
     swp.add_argument("--plot", action="append", metavar="METRIC:KEY",
                      help="also plot a column of sweep.parquet against a grid key, e.g. wall_seconds:data.num_clients")
     swp.add_argument("--in-process", action="store_true",

@@ -24,8 +24,8 @@ from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES, PARTITIONED_FILES
 from raysim.data.generated import LAWS
 from raysim.errors import ScenarioError
 from raysim.algorithms.keys import check_aggregator
-from raysim.schema import (INT64_MAX, Check, check_numbers, check_values, field_of, inapplicable, key, non_negative,
-                           non_negative_int, one_of, positive, positive_int, when)
+from raysim.schema import (INT64_MAX, Check, Rule, check_numbers, check_values, field_of, inapplicable, key,
+                           non_negative, non_negative_int, one_of, positive, positive_int, when)
 from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig, byzantine_count
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
@@ -36,29 +36,40 @@ SPLIT = when("data.kind", *SPLIT_KINDS)
 ON_DEMAND = when("data.kind", *LAWS, "quadratic")  # generated kinds: a client's data can be built where it trains
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
+PATH_PARTS = re.compile(r"([^.\[\]]+)|\[(\d+)\]")  # a dotted key's names and list indices: model.hidden[1]
+
+
+def _partition(kind: str):
+    return when("data.partition.kind", kind)
 
 
 @dataclass
 class PartitionConfig:
     """How a centralized data set (digits) is split across clients."""
 
-    kind: str = "iid"  # iid | dirichlet | shards | pathological
-    alpha: float = 0.5  # dirichlet concentration
-    shards_per_client: int = 2  # shards
-    per_class: int = 10  # pathological: train images per class (a)
-    test_per_class: int = 4  # pathological: test images per class
-    diff_hetero: bool = False  # pathological: second group keeps one class only
+    kind: str = key("iid", "iid | dirichlet | shards | pathological (raysim list: partitioners)")
+    alpha: float = key(0.5, "dirichlet: concentration of the per-class Dirichlet(alpha) proportions (smaller: more "
+                            "label skew)", check=positive, when=_partition("dirichlet"))
+    shards_per_client: int = key(2, "shards: label-sorted shards per client", check=positive_int,
+                                 when=_partition("shards"))
+    per_class: int = key(10, "pathological: train images per class, a", check=positive_int,
+                         when=_partition("pathological"))
+    test_per_class: int = key(4, "pathological: test images per class", check=non_negative_int,
+                              when=_partition("pathological"))
+    diff_hetero: bool = key(False, "pathological: the second half of the clients keep only their class from 5-9",
+                            when=_partition("pathological"))
 
 
 @dataclass
 class DataConfig:
     """The federated data set."""
 
-    kind: str = "gaussian_mixture"  # see raysim.data.DATASETS (or package.module:function)
-    num_clients: int = 100
-    n: int = key(10000, "quadratic: rows of each client's matrices", when=QUADRATIC)
-    d_theta: int = key(100, "quadratic: size of the global part θ", when=QUADRATIC)
-    d_w: int = key(50, "quadratic: size of the personal part w", when=QUADRATIC)
+    kind: str = key("gaussian_mixture", "the data set: a built-in kind (raysim list: datasets) or "
+                                        "package.module:function")
+    num_clients: int = key(100, "clients to generate or split into (parquet, leaf: the files decide)")
+    n: int = key(10000, "quadratic: rows of each client's matrices", check=positive_int, when=QUADRATIC)
+    d_theta: int = key(100, "quadratic: size of the global part θ", check=positive_int, when=QUADRATIC)
+    d_w: int = key(50, "quadratic: size of the personal part w", check=positive_int, when=QUADRATIC)
     realizable: bool = key(False, "quadratic: targets from a planted (θ, w_m)", when=QUADRATIC)
     feature_shift: bool = key(False, "digits: per-client pixel gain, offset and translation", when=DIGITS)
     concept_shift: bool = key(False, "digits: per-client permutation of the labels", when=DIGITS)
@@ -66,7 +77,9 @@ class DataConfig:
     beta: float = key(1.0, "leaf_synthetic: data heterogeneity (standard deviation of B_k)", when=LEAF)
     iid: bool = key(False, "leaf_synthetic: the IID variant (one W, b for every client; x centred on B_k)",
                     when=LEAF)
-    test_fraction: float = 0.2  # share of each client's rows held out for testing
+    test_fraction: float = key(0.2, "share of each client's rows held out for testing (gaussian_mixture always "
+                                    "holds out 10 rows, quadratic none; leaf and parquet only without their own "
+                                    "split)")
     partition: PartitionConfig = key(doc="digits, blobs, mnist, fashion_mnist, cifar10, cifar100: the split across "
                                          "clients", factory=PartitionConfig, when=SPLIT)
     num_samples: int = key(20000, "blobs: samples in the centralized set", when=BLOBS)
@@ -100,18 +113,21 @@ class DataConfig:
 class ModelConfig:
     """The model trained by every client (deterministic init from ``seed``)."""
 
-    kind: str = "mlp"  # logreg | mlp | cnn | quadratic | bilinear | char_lstm | femnist_cnn | resnet18_gn
+    kind: str = key("mlp", "logreg | mlp | cnn | quadratic | bilinear | char_lstm | femnist_cnn | resnet18_gn, or "
+                           "package.module:function")
     hidden: List[int] = key(doc="mlp hidden sizes", factory=lambda: [64], when=when("kind", "mlp"))
     activation: str = key("relu", "mlp: relu | elu | tanh | sigmoid", when=when("kind", "mlp"))
     channels: List[int] = key(doc="cnn conv channels", factory=lambda: [16, 32], when=when("kind", "cnn"))
     init_scale: float = key(1e-3, "bilinear: every initial parameter is init_scale·N(0, 1) (0: exactly at the "
                                   "saddle, the origin)", check=non_negative, when=when("kind", "bilinear"))
-    personal: Any = "none"  # none | input_layer | output_layer | adapter | [parameter-name patterns]
-    adapter_rank: int = key(4, "adapter: rank of each LoRA pair", when=when("personal", "adapter"))
+    personal: Any = key("none", "the personal part w (the rest is the global θ): none | input_layer | output_layer | "
+                                "adapter | a list of parameter-name patterns")
+    adapter_rank: int = key(4, "adapter: rank of each LoRA pair", check=positive_int, when=when("personal", "adapter"))
     adapter_layers: Optional[List[str]] = key(None, "adapter: Linear module names (null: all but the output layer)",
                                               when=when("personal", "adapter"))
-    personal_init: str = "random"  # random | zero | global: w at each client visit
-    personal_state: str = "stateless"  # stateless | stateful (w kept per client between visits)
+    personal_init: str = key("random", "w at each client visit: random (the layer's initialization) | zero | global "
+                                       "(the server copy's values)")
+    personal_state: str = key("stateless", "stateless | stateful (each client keeps its w between visits)")
     options: Dict[str, Any] = key(doc="a custom model.kind's keyword arguments", factory=dict)
 
 
@@ -119,27 +135,28 @@ class ModelConfig:
 class StalenessConfig:
     """Asynchronous staleness weighting s(τ) of an update computed τ server steps ago."""
 
-    kind: str = "constant"  # constant | polynomial: (1+τ)^-a | hinge: 1 if τ <= b else 1/(a(τ-b)+1)
-    a: float = 0.5
-    b: float = 4.0
+    kind: str = key("constant", "s(τ): constant 1 | polynomial (1+τ)^-a | hinge 1 if τ <= b else 1/(a(τ-b)+1)")
+    a: float = key(0.5, "polynomial, hinge: the decay a of s(τ)", when=when("kind", "polynomial", "hinge"))
+    b: float = key(4.0, "hinge: the staleness b up to which s(τ) = 1", when=when("kind", "hinge"))
 
 
 @dataclass
 class ExecutionConfig:
     """How the server drives training (synchronous rounds or asynchronous updates)."""
 
-    mode: str = "sync"  # sync | async
-    rounds: int = key(20, "sync: rounds", when=SYNC)
-    clients_per_round: int = key(10, "sync: updates kept per round", when=SYNC)
+    mode: str = key("sync", "sync (rounds) | async (updates applied as they arrive, in virtual-time order)")
+    rounds: int = key(20, "sync: rounds", check=positive_int, when=SYNC)
+    clients_per_round: int = key(10, "sync: updates kept per round", check=positive_int, when=SYNC)
     deadline: Optional[float] = key(None, "sync: virtual seconds; later updates are late (discarded)", when=SYNC)
     over_selection: float = key(1.0, "sync: sample ceil(f * clients_per_round), keep the earliest", when=SYNC)
-    concurrency: int = key(10, "async: tasks in flight", when=ASYNC)
+    concurrency: int = key(10, "async: tasks in flight", check=positive_int, when=ASYNC)
     aggregation: str = key("fedasync", "async: fedasync | fedbuff", when=ASYNC)
-    buffer_size: int = key(10, "async fedbuff: updates per server step",
+    buffer_size: int = key(10, "async fedbuff: updates per server step", check=positive_int,
                            when=(ASYNC, when("execution.aggregation", "fedbuff")))
     staleness: StalenessConfig = key(doc="async: staleness weights", factory=StalenessConfig, when=ASYNC)
-    max_staleness: Optional[int] = key(None, "async: older updates are dropped (status stale)", when=ASYNC)
-    max_updates: Optional[int] = key(None, "async stop: applied updates", when=ASYNC)
+    max_staleness: Optional[int] = key(None, "async: older updates are dropped (status stale)", check=non_negative_int,
+                                       when=ASYNC)
+    max_updates: Optional[int] = key(None, "async stop: applied updates", check=positive_int, when=ASYNC)
     max_virtual_time: Optional[float] = key(None, "async stop: virtual seconds", when=ASYNC)
     target_accuracy: Optional[float] = key(None, "async stop: global test accuracy reached at an evaluation",
                                            when=ASYNC)
@@ -149,44 +166,45 @@ class ExecutionConfig:
 class RuntimeConfig:
     """Where client work runs."""
 
-    backend: str = "ray"  # ray | local
-    num_actors: Any = "auto"  # int or "auto"
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
-    address: Optional[str] = None  # null: start an embedded local Ray
-    num_cpus: Optional[int] = None  # embedded Ray: CPUs to declare (null: all)
-    num_gpus: Optional[float] = None  # embedded Ray: GPUs to declare (null: detect)
-    clients_per_task: Any = "auto"  # clients trained together (vectorized) in one task; auto: see README
-    scheduler: str = "auto"  # actor | driver | auto (driver with an embedded Ray, actor on a cluster)
-    placement: str = "spread"  # spread | pack: ClientActors over the cluster's nodes
-    torch_threads: int = 1  # torch threads inside client work (at most MAX_TORCH_THREADS)
+    backend: str = key("ray", "ray (ClientActors) | local (everything in this process, no Ray)")
+    num_actors: Any = key("auto", "ClientActors: a positive integer, or auto (fill the cluster: per node CPUs / "
+                                  "cpus_per_actor, and GPUs / gpus_per_actor)")
+    cpus_per_actor: float = key(1.0, "CPUs Ray reserves per ClientActor")
+    gpus_per_actor: float = key(0.0, "GPUs per ClientActor: a share in [0, 1] (0.25: four actors per GPU) or a "
+                                     "whole number")
+    address: Optional[str] = key(None, "a Ray cluster to join (auto, HOST:6379, ray://...); null: start an embedded "
+                                       "local Ray (inside a Ray job: join the job's cluster)")
+    num_cpus: Optional[int] = key(None, "embedded Ray: CPUs to declare (null: all)", check=positive_int)
+    num_gpus: Optional[float] = key(None, "embedded Ray: GPUs to declare (null: the CUDA devices found)")
+    clients_per_task: Any = key("auto", "clients trained together (vectorized) in one task: a positive integer, or "
+                                        "auto (sync: a quarter of clients_per_round, at most 25; async: an eighth of "
+                                        "concurrency, at most 100)")
+    scheduler: str = key("auto", "where the Scheduler runs: actor | driver | auto (driver with an embedded Ray, actor "
+                                 "with runtime.address); results are identical")
+    placement: str = key("spread", "ClientActors over the cluster's nodes: spread (across nodes) | pack (fill a node "
+                                   "first)")
+    torch_threads: int = key(1, "torch threads inside client work, the server's steps and evaluation",
+                             check=Check(lambda v: 1 <= v <= MAX_TORCH_THREADS,
+                                         f"an integer in [1, {MAX_TORCH_THREADS}]"))
 
 
-@dataclass(frozen=True)
-class _Adapts:
-    """A condition (see :class:`raysim.schema.When`): personalized evaluation adapts the model first."""
-
-    def holds(self, cfg, section: str) -> bool:
-        return cfg.eval.personalized_steps > 0 or cfg.eval.personalized_epochs > 0
-
-    def describe(self, cfg, section: str) -> str:
-        return ("it applies only with eval.personalized_steps > 0 or eval.personalized_epochs > 0 "
-                "(here both are 0)")
-
-
-ADAPTS = _Adapts()
+ADAPTS = Rule(lambda cfg: cfg.eval.personalized_steps > 0 or cfg.eval.personalized_epochs > 0,
+              "eval.personalized_steps > 0 or eval.personalized_epochs > 0", lambda cfg: "both are 0")
 
 
 @dataclass
 class EvalConfig:
     """Global (and optionally personalized) evaluation."""
 
-    every: int = 1  # rounds between evaluations; 0: only at the end
-    personalized_steps: int = 0  # >0: fine-tune this many local steps before testing
+    every: int = key(1, "server steps (rounds; async: model versions) between evaluations; 0: only at the end, "
+                        "which is always evaluated", check=non_negative_int)
+    personalized_steps: int = key(0, "> 0: also adapt the global model on each client with this many local steps, "
+                                     "then test it (personalized_accuracy*)", check=non_negative_int)
     personalized_lr: Optional[float] = key(None, "step size of the personalization steps (null: the algorithm's "
                                                  "adaptation step: Per-FedAvg's inner_lr, FFGG's personal_lr, "
                                                  "else algorithm.lr)", check=positive, when=ADAPTS)
-    personalized_epochs: int = 0  # >0: fine-tune this many local epochs instead of steps
+    personalized_epochs: int = key(0, "> 0: adapt for this many local epochs instead of steps",
+                                   check=non_negative_int)
     adapt_on: str = key("train", "the rows the personalization steps take their batches from: train | test "
                                  "(test: as in the Per-FedAvg paper's FedAvg + update)",
                         check=one_of("train", "test"), when=ADAPTS)
@@ -206,9 +224,11 @@ class EvalConfig:
 class OutputConfig:
     """Where results go."""
 
-    dir: str = "results/${name}"
-    save_model: bool = True
-    flush_seconds: float = 2.0  # rows reach the Parquet logs at least this often (and on every checkpoint)
+    dir: str = key("results/${name}", "the run's directory: a path, or a URI pyarrow understands (s3://..., "
+                                      "gs://...); an earlier run's files there are removed first")
+    save_model: bool = key(True, "write the final model, model.pt")
+    flush_seconds: float = key(2.0, "new rows reach the Parquet logs at least this often (and at every checkpoint)",
+                               check=non_negative)
     checkpoint_every: int = key(0, "server steps between checkpoints (checkpoint.pt, for raysim resume; one is "
                                 "also written on Ctrl-C and SIGTERM); 0: by wall time", check=non_negative_int)
     checkpoint_seconds: float = key(60.0, "with checkpoint_every 0: wall seconds between checkpoints (at most 5% "
@@ -223,11 +243,13 @@ class OutputConfig:
 class Scenario:
     """A whole scenario."""
 
-    name: str = "scenario"
-    seed: int = 0
+    name: str = key("scenario", "the run's name (letters, digits, '.', '_', '-'); output.dir defaults to "
+                               "results/${name}")
+    seed: int = key(0, "the one seed: data, model initialization, client sampling, every client's batches")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: Any = field(default_factory=lambda: {"name": "fedavg"})  # keys: the algorithm's Keys dataclass
+    algorithm: Any = key(doc="the algorithm's name and its own keys (its keys dataclass; raysim list: algorithms)",
+                         factory=lambda: {"name": "fedavg"})
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -307,13 +329,23 @@ def _algorithm_section(layers: list) -> DictConfig:
 
 
 def _leaf_paths(node: DictConfig, prefix: str = ""):
-    """Dotted paths of the values a layer sets (sub-mappings walked, lists are values)."""
+    """Dotted paths of the values a layer sets: sub-mappings are walked, and so are the mappings of a
+    list of them (``system.compute.tiers[0].speed``); other lists are values."""
     for k in node.keys():
         child = node._get_node(k)
         if isinstance(child, DictConfig):
             yield from _leaf_paths(child, f"{prefix}{k}.")
+        elif isinstance(child, ListConfig) and (entries := _entries(child)):
+            for i, entry in enumerate(entries):
+                yield from _leaf_paths(entry, f"{prefix}{k}[{i}].")
         else:
             yield f"{prefix}{k}"
+
+
+def _entries(node: ListConfig) -> list:
+    """The mappings of a non-empty list of mappings (such as ``system.compute.tiers``), else []."""
+    entries = [] if node._is_none() or node._is_interpolation() else [node._get_node(i) for i in range(len(node))]
+    return entries if all(isinstance(e, DictConfig) for e in entries) else []
 
 
 def _read_yaml(path: str) -> DictConfig:
@@ -361,7 +393,8 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
         path = f"{prefix}{name}"
         if name not in schema:
             allowed = ", ".join(str(k) for k in schema.keys()) or "no name yet"
-            raise ScenarioError(path, _raw(layer, name), f"{what}; allowed here: {allowed}")
+            hint = "; a sweep: section is run by raysim sweep FILE" if path == "sweep" else ""
+            raise ScenarioError(path, _raw(layer, name), f"{what}; allowed here: {allowed}{hint}")
         declared, child = schema._get_node(name), layer._get_node(name)
         if child._is_interpolation() or (child._is_none() and declared._metadata.optional):
             continue
@@ -407,7 +440,7 @@ def _translate(exc: OmegaConfBaseException, schema: type = Scenario, prefix: str
 def _declared_type(key: str, schema: type = Scenario) -> str:
     """The schema's type for a dotted key, e.g. 'int', 'Optional[float]' or, for 'model.hidden[1]', 'int'."""
     node = OmegaConf.structured(schema)
-    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", key):
+    for name, index in PATH_PARTS.findall(key):
         if name:
             node = node._get_node(name)
             declared = node._metadata.ref_type
@@ -436,8 +469,8 @@ def _one_of(key: str, value, names) -> None:
     _check(value in names, key, value, "one of " + ", ".join(names))
 
 
-def _positive(key: str, value, integer: bool = False) -> None:
-    _check(value > 0, key, value, "a positive integer" if integer else "a number > 0")
+def _positive(key: str, value) -> None:
+    _check(value > 0, key, value, "a number > 0")
 
 
 def _non_negative(key: str, value) -> None:
@@ -477,21 +510,18 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
            "a non-empty name of letters, digits, '.', '_' or '-'")
     _check(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
+    check_num_clients(cfg.data.num_clients)
     check_numbers(cfg)
 
     d = cfg.data
     _custom_or_one_of("data.kind", d.kind, DATASETS, d.options, "a function returning a raysim.data.FederatedDataset")
-    check_num_clients(d.num_clients)
     _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
     _non_negative("data.alpha", d.alpha)
     _non_negative("data.beta", d.beta)
     if d.kind in SPLIT_KINDS:
         p = d.partition
         _one_of("data.partition.kind", p.kind, PARTITIONERS)
-        _positive("data.partition.alpha", p.alpha)
-        _positive("data.partition.shards_per_client", p.shards_per_client, integer=True)
-        _positive("data.partition.per_class", p.per_class, integer=True)
-        _non_negative("data.partition.test_per_class", p.test_per_class)
+        check_values(cfg, PartitionConfig, "data.partition")
         if p.kind == "pathological":
             _check(d.num_clients % 2 == 0, "data.num_clients", d.num_clients,
                    "an even number with data.partition.kind=pathological")
@@ -508,10 +538,6 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     if d.kind in ("blobs", "synthetic_images"):
         _check(isinstance(d.num_classes, int) and d.num_classes >= 2, "data.num_classes", d.num_classes,
                "an integer >= 2")
-
-    if d.kind == "quadratic":
-        for name in ("n", "d_theta", "d_w"):
-            _positive(f"data.{name}", d[name], integer=True)
     check_values(cfg, DataConfig, "data")
 
     m = cfg.model
@@ -531,7 +557,6 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _check(personal in PERSONAL_MODES or (isinstance(personal, list) and personal
                                           and all(isinstance(x, str) for x in personal)),
            "model.personal", personal, "one of " + ", ".join(PERSONAL_MODES) + ", or a list of parameter-name patterns")
-    _positive("model.adapter_rank", m.adapter_rank, integer=True)
     _one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
     check_init(personal, m.personal_init)  # personal_init is one of PERSONAL_INITS, and fits the split
     _check(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
@@ -544,20 +569,13 @@ def validate(cfg: DictConfig, explicit=()) -> None:
 
     e = cfg.execution
     _one_of("execution.mode", e.mode, ["async", "sync"])
-    _positive("execution.rounds", e.rounds, integer=True)
     if e.deadline is not None:
         _positive("execution.deadline", e.deadline)
     _check(e.over_selection >= 1.0, "execution.over_selection", e.over_selection, "a factor >= 1 (1: no over-selection)")
-    _positive("execution.concurrency", e.concurrency, integer=True)
     _one_of("execution.aggregation", e.aggregation, ["fedasync", "fedbuff"])
-    _positive("execution.buffer_size", e.buffer_size, integer=True)
     _one_of("execution.staleness.kind", e.staleness.kind, ["constant", "hinge", "polynomial"])
     _non_negative("execution.staleness.a", e.staleness.a)
     _non_negative("execution.staleness.b", e.staleness.b)
-    if e.max_staleness is not None:
-        _non_negative("execution.max_staleness", e.max_staleness)
-    if e.max_updates is not None:
-        _positive("execution.max_updates", e.max_updates, integer=True)
     if e.max_virtual_time is not None:
         _positive("execution.max_virtual_time", e.max_virtual_time)
     if e.target_accuracy is not None:
@@ -572,8 +590,7 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     if e.mode == "sync" and d.kind not in CLIENTS_FROM_FILES:  # else the files decide: checked once read
         _check(1 <= e.clients_per_round <= d.num_clients, "execution.clients_per_round", e.clients_per_round,
                f"an integer in [1, data.num_clients={d.num_clients}]")
-    elif e.mode == "sync":
-        _positive("execution.clients_per_round", e.clients_per_round, integer=True)
+    check_values(cfg, ExecutionConfig, "execution")
 
     r = cfg.runtime
     _one_of("runtime.backend", r.backend, ["local", "ray"])
@@ -586,38 +603,29 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     _non_negative("runtime.gpus_per_actor", r.gpus_per_actor)
     _check(r.gpus_per_actor <= 1 or float(r.gpus_per_actor).is_integer(), "runtime.gpus_per_actor",
            r.gpus_per_actor, "a fraction in [0, 1] or a whole number of GPUs")
-    if r.num_cpus is not None:
-        _positive("runtime.num_cpus", r.num_cpus, integer=True)
     if r.num_gpus is not None:
         _non_negative("runtime.num_gpus", r.num_gpus)
     cpt = r.clients_per_task
     _check(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
            "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
-    _check(1 <= r.torch_threads <= MAX_TORCH_THREADS, "runtime.torch_threads", r.torch_threads,
-           f"an integer in [1, {MAX_TORCH_THREADS}]")
+    check_values(cfg, RuntimeConfig, "runtime")
 
     validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
     _check_byzantine(cfg)
 
     v = cfg.eval
-    _non_negative("eval.every", v.every)
-    _non_negative("eval.personalized_steps", v.personalized_steps)
-    _non_negative("eval.personalized_epochs", v.personalized_epochs)
     check_values(cfg, EvalConfig, "eval")
     if d.kind not in CLIENTS_FROM_FILES:  # else the files decide the number of clients: checked once read
         check_eval_clients(v.clients, d.num_clients)
 
     _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
-    _non_negative("output.flush_seconds", cfg.output.flush_seconds)
     check_values(cfg, OutputConfig, "output")
     from raysim.metrics.tensorboard import check_tensorboard
 
     check_tensorboard(cfg.output)
 
     for path in explicit:
-        section, _, rest = path.partition(".")
-        why = (inapplicable(cfg, keys, "algorithm", rest) if section == "algorithm"
-               else inapplicable(cfg, Scenario, "", path))
+        why = _ignored(cfg, keys, path)
         if why is not None:
             value = OmegaConf.select(cfg, path)
             raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
@@ -625,6 +633,14 @@ def validate(cfg: DictConfig, explicit=()) -> None:
     if field_of(keys, "aggregator") is not None and cfg.data.kind not in CLIENTS_FROM_FILES:  # else: prepare
         check_aggregator(cfg, cfg.data.num_clients)
     keys.check(cfg)
+
+
+def _ignored(cfg: DictConfig, keys: type, path: str) -> str | None:
+    """Why the key at ``path`` would be ignored by the scenario ``cfg`` (``keys``: its algorithm's
+    keys dataclass), or None if it applies."""
+    section, _, rest = path.partition(".")
+    return (inapplicable(cfg, keys, "algorithm", rest) if section == "algorithm"
+            else inapplicable(cfg, Scenario, "", path))
 
 
 def _check_byzantine(cfg: DictConfig) -> None:
@@ -663,10 +679,8 @@ def to_yaml(cfg: DictConfig) -> str:
     keys = algorithm_keys(cfg.algorithm.name)
     content = OmegaConf.to_container(cfg, resolve=True)
     for path in _leaf_paths(cfg):
-        section, _, rest = path.partition(".")
-        if (inapplicable(cfg, keys, "algorithm", rest) if section == "algorithm"
-                else inapplicable(cfg, Scenario, "", path)) is not None:
-            *parents, leaf = path.split(".")
+        if _ignored(cfg, keys, path) is not None:
+            *parents, leaf = [name or int(index) for name, index in PATH_PARTS.findall(path)]
             node = content
             for part in parents:
                 node = node[part]

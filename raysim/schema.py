@@ -4,9 +4,10 @@ it applies.
 A key is a dataclass field made by :func:`key`; its metadata holds a one-line ``doc``, an
 optional ``check`` (a :class:`Check`: a value test and the words for what is allowed) and
 an optional ``when`` (a :class:`When`: the key applies only if another key holds one of some
-values). The scenario loader uses them to reject bad values and keys that a scenario sets
-but that would be ignored (``data.partition.*`` with ``gaussian_mixture``, ``execution.deadline``
-in ``async`` mode, ``algorithm.server_betas`` with ``server_optimizer: sgd``); ``raysim list``
+values; a :class:`Rule` for other conditions). The scenario loader uses them to reject bad values
+and keys that a scenario sets but that would be ignored (``data.partition.*`` with
+``gaussian_mixture``, ``execution.deadline`` in ``async`` mode, ``algorithm.server_betas`` with
+``server_optimizer: sgd``, ``down_mbps`` in an entry of ``system.compute.tiers``); ``raysim list``
 prints the docs. Whatever a key's own check, :func:`check_numbers` holds every ``float`` key to a
 finite value and every ``int`` key to 64 bits. Torch-free.
 """
@@ -14,7 +15,9 @@ finite value and every ``int`` key to 64 bits. Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -89,6 +92,22 @@ def when(path: str, *values, negate: bool = False) -> When:
     return When(path, tuple(values), negate)
 
 
+@dataclass(frozen=True)
+class Rule:
+    """A key applies only when ``test(cfg)`` holds for the whole scenario: a condition that is not one
+    key's value (``need`` says what must hold, ``now(cfg)`` what the scenario has instead)."""
+
+    test: Callable[[Any], bool]
+    need: str
+    now: Callable[[Any], str]
+
+    def holds(self, cfg, section: str) -> bool:
+        return self.test(cfg)
+
+    def describe(self, cfg, section: str) -> str:
+        return f"it applies only with {self.need} (here {self.now(cfg)})"
+
+
 def key(default=dataclasses.MISSING, doc: str = "", *, check: Check | None = None,
         when: When | tuple[When, ...] | None = None, factory: Callable[[], Any] | None = None) -> Any:
     """A documented scenario key (a dataclass field; ``factory`` for mutable defaults). With
@@ -112,12 +131,31 @@ def field_of(schema: type, name: str) -> dataclasses.Field | None:
 
 
 def nested_schema(f: dataclasses.Field) -> type | None:
-    """The dataclass a field holds (a sub-section such as ``data.partition``), or None."""
+    """The dataclass a field holds by default (a sub-section such as ``data.partition``), or None."""
     kind = f.type if isinstance(f.type, type) else None
     if kind is None and f.default_factory is not dataclasses.MISSING:
         made = f.default_factory()
         kind = type(made) if dataclasses.is_dataclass(made) else None
     return kind if kind is not None and dataclasses.is_dataclass(kind) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(schema: type) -> dict:
+    return typing.get_type_hints(schema)
+
+
+def path_schema(schema: type, name: str) -> type | None:
+    """The dataclass whose keys a dotted path continues with after the field ``name`` of ``schema``: a
+    sub-section, an optional one (``system.unreliable.local_steps``) or a list's entries
+    (``system.compute.tiers[0]``); None for a value."""
+    hint = _hints(schema)[name]
+    inside = [hint]
+    while inside:
+        hint = inside.pop()
+        if dataclasses.is_dataclass(hint):
+            return hint
+        inside += typing.get_args(hint)
+    return None
 
 
 def check_values(cfg, schema: type, section: str) -> None:
@@ -129,13 +167,16 @@ def check_values(cfg, schema: type, section: str) -> None:
             check(f"{section}.{f.name}" if section else f.name, node[f.name])
 
 
-def check_numbers(node, path: str = "") -> None:
+def check_numbers(node, path: str = "", check: Check | None = None) -> None:
     """Every value of a key declared ``float`` is finite and every value of one declared ``int``
     fits in 64 bits (in ``node``, a loaded scenario or a section at ``path``, lists included);
-    ScenarioError names the first that does not."""
+    ScenarioError names the first that does not, and what the key allows (``check``: its own)."""
     if isinstance(node, DictConfig) and not node._is_none():
+        schema = node._metadata.object_type
         for name in node.keys():
-            check_numbers(node._get_node(name), f"{path}.{name}" if path else str(name))
+            f = field_of(schema, name) if dataclasses.is_dataclass(schema) else None
+            check_numbers(node._get_node(name), f"{path}.{name}" if path else str(name),
+                          None if f is None else f.metadata.get("check"))
     elif isinstance(node, ListConfig) and not node._is_none():
         for i in range(len(node)):
             check_numbers(node._get_node(i), f"{path}[{i}]")
@@ -144,22 +185,31 @@ def check_numbers(node, path: str = "") -> None:
         if isinstance(node, FloatNode) and not math.isfinite(value):
             raise ScenarioError(path, value, "a finite number")
         if isinstance(node, IntegerNode) and not INT64_MIN <= value <= INT64_MAX:
-            raise ScenarioError(path, value, f"an integer in [{INT64_MIN}, {INT64_MAX}]")
+            raise ScenarioError(path, value, _int64_allowed(check))
+
+
+def _int64_allowed(check: Check | None) -> str:
+    """What an ``int`` key with ``check`` allows, at most 64 bits: the check's words, bounded above
+    where the check itself is not."""
+    if check is None:
+        return f"an integer in [{INT64_MIN}, {INT64_MAX}]"
+    return check.allowed + (f" (at most {INT64_MAX})" if check.test(INT64_MAX) else "")
 
 
 def inapplicable(cfg, schema: type, section: str, path: str) -> str | None:
     """Why the explicitly set key ``path`` (a dotted path inside ``section``, whose schema
-    is ``schema``) would be ignored by this scenario, or None if it applies."""
-    parts = path.split(".")
+    is ``schema``; ``name[i]`` for an entry of a list of sections) would be ignored by this
+    scenario, or None if it applies."""
     here, prefix = schema, section
-    for part in parts:
-        f = field_of(here, part) if here is not None else None
+    for part in path.split("."):
+        name = part.split("[")[0]  # an entry of a list of sections: tiers[0]
+        f = field_of(here, name) if here is not None else None
         if f is None:
             return None
         for condition in f.metadata.get("when", ()):
             if not condition.holds(cfg, prefix):
                 return condition.describe(cfg, prefix)
-        here, prefix = nested_schema(f), f"{prefix}.{part}" if prefix else part
+        here, prefix = path_schema(here, name), f"{prefix}.{part}" if prefix else part
     return None
 
 

@@ -64,7 +64,9 @@ def write_parquet(path: Path, **columns) -> str:
     ("execution.over_selection=inf", r"error: execution\.over_selection = inf: expected a finite number"),
     ("seed=99999999999999999999999", r"error: seed = 99999999999999999999999: expected an integer in "
                                      r"\[0, 9223372036854775807\]"),
-], ids=["clients", "hidden", "over_selection", "seed"])
+    ("runtime.address=127.0.0.1:1", r"error: runtime\.address = '127\.0\.0\.1:1': expected the host:port of a "
+                                    r"running Ray cluster's head \(GCS\), or auto: nothing answers there \(.*\)"),
+], ids=["clients", "hidden", "over_selection", "seed", "address"])
 def test_run_refuses_in_a_real_process_and_writes_nothing(tmp_path, override, expected):
     out = tmp_path / "out"
     proc = cli("run", QUICKSTART, f"output.dir={out}", override)
@@ -121,13 +123,17 @@ def run_main(capsys, *args) -> str:
     (["algorithm.lr=nan"], "algorithm.lr = nan: expected a finite number"),
     (["seed=-1"], "seed = -1: expected an integer in [0, 9223372036854775807]"),
     (["algorithm.batch_size=100000000000000000000"],
-     "algorithm.batch_size = 100000000000000000000: expected an integer in "
-     "[-9223372036854775808, 9223372036854775807]"),
+     "algorithm.batch_size = 100000000000000000000: expected a positive integer (at most 9223372036854775807)"),
     (["data.num_clients=3000000000"], "data.num_clients = 3000000000: expected an integer in [1, 2147483647]"),
     (["runtime.torch_threads=100000"], "runtime.torch_threads = 100000: expected an integer in [1, 1024]"),
 ])
 def test_validate_prints_one_line(capsys, overrides, line):
     assert run_main(capsys, "validate", QUICKSTART, *overrides) == f"error: {line}"
+
+
+def test_run_of_a_sweep_file_points_to_raysim_sweep(capsys):
+    line = run_main(capsys, "run", str(REPO / "scenarios" / "scaling" / "actors.yaml"))
+    assert line.startswith("error: sweep = {") and line.endswith("; a sweep: section is run by raysim sweep FILE")
 
 
 def test_tier_entry_with_a_typo_in_a_scenario_file(tmp_path, capsys):
@@ -191,6 +197,38 @@ def test_parquet_list_column_and_negative_labels(tmp_path):
         with pytest.raises(ScenarioError, match=re.escape("expected class labels in [0, 1048575] "
                                                           "(column 'label' holds -3)")):
             read()
+
+
+@pytest.mark.parametrize("columns, allowed", [
+    ({"f0": [0.5, None, 1.5, 2.0]}, "feature columns without missing values (column 'f0' has 1 missing)"),
+    ({"label": [0.0, 1.0, 1.0, 0.0]}, "integer class labels without missing values (column 'label' holds values of "
+                                      "type double)"),
+    ({"label": [0, None, 1, 0]}, "integer class labels without missing values (column 'label' has 1 missing)"),
+    ({"client_id": [0, None, 1, 1]}, "client ids without missing values (column 'client_id' has 1 missing)"),
+])
+def test_parquet_lines_name_the_file_and_the_column(tmp_path, capsys, columns, allowed):
+    path = write_parquet(tmp_path / "d.parquet", **columns)
+    assert run_main(capsys, "validate", QUICKSTART, "data.kind=parquet", f"data.path={path}") == (
+        f"error: data.path = '{path}': expected {allowed}")
+
+
+@pytest.mark.parametrize("override, allowed", [
+    ("data.kind=os:getcwd", "a function returning a raysim.data.FederatedDataset, called with num_clients=, "
+                            "test_fraction=, seed= (got an unexpected keyword argument 'num_clients')"),
+    ("algorithm.aggregator=math:fsum", "a function (updates, weights, **algorithm.aggregator_options) (too many "
+                                       "positional arguments)"),
+])
+def test_an_imported_function_that_cannot_take_the_call(capsys, override, allowed):
+    key, value = override.split("=")
+    assert run_main(capsys, "validate", QUICKSTART, override) == f"error: {key} = '{value}': expected {allowed}"
+
+
+def test_an_imported_model_factory_that_cannot_take_the_call(tmp_path, capsys):
+    scenario = tmp_path / "logreg.yaml"
+    scenario.write_text("model:\n  kind: os:getcwd\n")
+    assert run_main(capsys, "validate", str(scenario)) == (
+        "error: model.kind = 'os:getcwd': expected a function returning a torch.nn.Module, called with 2 positional "
+        "arguments (too many positional arguments)")
 
 
 def float_keys(schema, prefix=""):

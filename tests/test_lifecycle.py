@@ -99,12 +99,13 @@ def test_sigkill_of_the_driver_leaves_no_process(raysim_run):
     _ended_cleanly(proc, -signal.SIGKILL)
 
 
-def test_ctrl_c_while_ray_starts_exits_130_and_leaves_no_process(raysim_run):
+def test_ctrl_c_while_ray_starts_exits_130_and_leaves_no_process(raysim_run, tmp_path):
     proc = raysim_run()
     assert _wait_until(lambda: any("gcs_server" in t for t in _titles(session_processes(proc.pid))), 120, step=0.01)
     proc.send_signal(signal.SIGINT)  # ray.init is still starting the raylet and the agents
     err = _ended_cleanly(proc, 130)
-    assert err.strip().splitlines()[-1].startswith("interrupted"), err
+    assert err.strip().splitlines()[-1] == (f"interrupted before the run's first checkpoint: nothing to resume in "
+                                            f"{tmp_path}/run"), err
 
 
 def test_two_quick_ctrl_c_exit_130_and_leave_no_process(raysim_run):

@@ -372,7 +372,7 @@ def test_leaf_users_decide_the_clients_not_data_num_clients(tmp_path):
 @pytest.mark.parametrize("example, overrides", [
     ("femnist", ["execution.clients_per_round=2", "eval.clients=2"]),
     ("shakespeare", ["execution.clients_per_round=2", "eval.clients=2", "algorithm.local_steps=1"]),
-    ("cifar10_resnet", ["data.num_clients=2", "data.partition.kind=iid", "execution.clients_per_round=2",
+    ("cifar10_resnet", ["data.num_clients=2", "execution.clients_per_round=2",
                         "algorithm.local_epochs=1"]),
 ])
 def test_example_scenarios_run_on_tiny_files_of_their_formats(tmp_path, example, overrides):

@@ -254,3 +254,11 @@ def test_bad_run_directory_is_a_scenario_error(tmp_path, setup):
         write_report([good, str(bad)])
     assert str(err.value).startswith(f"report = {str(bad)!r}: expected a run directory")
     assert not (tmp_path / "report").exists()  # nothing written before the check
+
+
+@pytest.mark.parametrize("target", ["0", "1.5", "-0.2"])
+def test_a_target_outside_the_accuracy_range_is_one_line(tmp_path, capsys, target):
+    from raysim.cli import main
+
+    assert main(["report", str(tmp_path), "--target", target]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --target = {float(target)}: expected a test accuracy in (0, 1]"

@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from conftest import small_overrides, small_scenario
 
 import raysim
@@ -36,6 +38,8 @@ CASES = {
     "byzantine_buckets": ["execution.rounds=8", "execution.clients_per_round=6", "system.byzantine.fraction=0.2",
                           "system.byzantine.attack=gaussian", "algorithm.aggregator=centered_clipping",
                           "algorithm.bucket_size=2", "algorithm.client_momentum=0.9"],
+    "personalized_and_curvature": ["execution.rounds=8", "execution.clients_per_round=6", "eval.every=2",
+                                   "eval.personalized_steps=2", "eval.curvature=true"],  # both in the checkpoint
     "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
                                  "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",
@@ -111,6 +115,19 @@ def test_resume_refuses_keys_that_change_results_and_finished_runs(tmp_path):
         raysim.run(cfg, progress=StopAfter(1))
     with pytest.raises(ScenarioError, match=r"algorithm.lr = '0.5': expected a key that cannot change results"):
         raysim.resume(cfg.output.dir, ["algorithm.lr=0.5"])
+    checkpoint = tmp_path / "out" / "checkpoint.pt"
+    saved = checkpoint.read_bytes()
+    torch.save({"format": 1, "value": np.float64(1.0)}, checkpoint)  # content that a weights-only load refuses
+    with pytest.raises(ScenarioError) as refused:
+        raysim.resume(cfg.output.dir)
+    message = str(refused.value)
+    assert message.startswith("run_dir = ") and "a readable checkpoint.pt: Weights only load failed" in message
+    assert "\n" not in message and "\x1b" not in message  # one plain line, without torch's colour codes
+    checkpoint.write_bytes(saved)
+    taken = _summary(cfg.output.dir)["checkpoints"]["count"]
+    with pytest.raises(KeyboardInterrupt):  # stopped again: the count goes on from the checkpoint's
+        raysim.resume(cfg.output.dir, progress=StopAfter(1))
+    assert _summary(cfg.output.dir)["checkpoints"]["count"] >= taken + 1 >= 2
     raysim.resume(cfg.output.dir, ["runtime.torch_threads=1", "output.checkpoint_every=3"])
     with pytest.raises(ScenarioError, match="this one has: nothing to resume"):
         raysim.resume(cfg.output.dir)

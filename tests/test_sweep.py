@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from omegaconf import OmegaConf
 
 from raysim.cli import main
+from raysim.config import load_scenario
 from raysim.sweep.plan import parse_grid_options, split_values
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +78,20 @@ def test_a_second_call_skips_the_completed_points(grid_sweep, capsys):
     assert len(table(grid_sweep)) == 4
 
 
+def test_a_point_written_with_every_key_is_still_its_completed_run(tmp_path, capsys):
+    """Older versions wrote scenario.yaml with keys the run ignores (another kind's parameters);
+    such a point is still recognised as done."""
+    args = ("--grid", "execution.rounds=1", "--in-process", "--out", str(tmp_path))
+    assert sweep(*args) == 0
+    [stored] = tmp_path.glob("*/scenario.yaml")
+    every_key = load_scenario(OmegaConf.load(stored))
+    assert "mu" not in OmegaConf.load(stored).system.compute and "mu" in every_key.system.compute
+    stored.write_text(OmegaConf.to_yaml(every_key))
+    capsys.readouterr()
+    assert sweep(*args) == 0
+    assert capsys.readouterr().err.count("skipped ") == 1
+
+
 def test_a_directory_holding_another_scenario_is_an_error(grid_sweep, capsys):
     files = sorted(p for p in grid_sweep.rglob("*") if p.is_file())
     before = [p.stat().st_mtime_ns for p in files]
@@ -119,8 +135,9 @@ def test_a_ray_point_in_process_gives_the_same_model(grid_sweep, tmp_path):
     (["--grid", "execution.rounds=1", "--repeat", "0"], "error: --repeat = 0: expected an integer >= 1"),
     (["--grid", "execution.rounds=1", "--parallel", "0"], "error: --parallel = 0: expected an integer >= 1"),
     (["--grid", "seed=1,2", "--repeat", "2"], "error: --repeat = 2: expected 1 when seed is a grid key"),
+    (["--grid", "seed=1,2", "output.dir=x"], "error: output.dir = 'x': expected no override in a sweep"),
 ], ids=["unknown-key", "unknown-section", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0",
-        "parallel-0", "seed-repeat"])
+        "parallel-0", "seed-repeat", "output-dir-override"])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, capsys, args, expected):
     out = tmp_path / "out"
     assert sweep(*args, "--out", str(out)) == 2

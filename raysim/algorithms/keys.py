@@ -12,6 +12,7 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -178,8 +179,12 @@ def check_aggregator(cfg, num_clients: int) -> None:
     if ":" in a.aggregator:
         from raysim.catalog import import_object
 
-        if not callable(import_object("algorithm.aggregator", a.aggregator, "an aggregator function")):
-            raise ScenarioError("algorithm.aggregator", a.aggregator, "a function (updates, weights, **options)")
+        rule = import_object("algorithm.aggregator", a.aggregator, "an aggregator function")
+        try:  # as the server step will call it
+            inspect.signature(rule).bind(None, None, **dict(a.aggregator_options or {}))
+        except (TypeError, ValueError) as exc:  # ValueError: not a function, or one without a signature
+            raise ScenarioError("algorithm.aggregator", a.aggregator,
+                                f"a function (updates, weights, **algorithm.aggregator_options) ({exc})") from None
         return
     if a.aggregator not in AGGREGATOR_NAMES:
         raise ScenarioError("algorithm.aggregator", a.aggregator,

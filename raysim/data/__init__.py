@@ -144,13 +144,12 @@ def builds_on_demand(data_cfg) -> bool:
 
 def _custom(data_cfg, seed: int) -> FederatedDataset:
     """A user's ``package.module:function(num_clients=, test_fraction=, seed=, **data.options)``."""
-    from raysim.catalog import import_object
+    from raysim.catalog import call_imported
 
     what = "a function returning a raysim.data.FederatedDataset"
     options = dict(getattr(data_cfg, "options", None) or {})
-    dataset = import_object("data.kind", data_cfg.kind, what)(num_clients=data_cfg.num_clients,
-                                                                test_fraction=data_cfg.test_fraction, seed=seed,
-                                                                **options)
+    dataset = call_imported("data.kind", data_cfg.kind, what, num_clients=data_cfg.num_clients,
+                            test_fraction=data_cfg.test_fraction, seed=seed, **options)
     if not isinstance(dataset, FederatedDataset):
         raise ScenarioError("data.kind", data_cfg.kind, f"{what} (it returned {type(dataset).__name__})")
     return dataset

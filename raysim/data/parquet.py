@@ -40,14 +40,18 @@ def _features(table: pa.Table, columns: list[str], requested, path: str) -> np.n
     if not columns:
         raise bad("at least one feature column besides the label, client and split columns")
     arrays = [_array(table, name) for name in columns]
-    if any(a.null_count for a in arrays):
-        raise bad("feature columns without missing values")
+    for name, a in zip(columns, arrays):
+        if a.null_count:
+            raise ScenarioError("data.path", path, f"feature columns without missing values (column {name!r} has "
+                                                   f"{a.null_count} missing)")
     n = table.num_rows
     if len(arrays) == 1 and _is_list(arrays[0].type):
         lengths = pc.list_value_length(arrays[0]).to_numpy(zero_copy_only=False)
         values = [arrays[0].flatten()]
         if not _is_numeric(values[0].type) or values[0].null_count:
-            raise bad("a list column of numbers without missing values")
+            raise ScenarioError("data.path", path, f"a list column of numbers without missing values (column "
+                                                   f"{columns[0]!r} holds {values[0].type}, {values[0].null_count} "
+                                                   "missing)")
         if (lengths != lengths[0]).any() or lengths[0] == 0:
             raise bad("a list column whose rows all have the same, non-zero length")
         with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf, reported below
@@ -74,7 +78,9 @@ def _labels(table: pa.Table, label_column: str, path: str) -> np.ndarray:
     """int64 labels in [0, MAX_CLASSES) from ``label_column``."""
     labels = _array(table, label_column)
     if labels.null_count or not pa.types.is_integer(labels.type):
-        raise ScenarioError("data.label_column", label_column, "a column of integer labels without missing values")
+        held = f"has {labels.null_count} missing" if labels.null_count else f"holds values of type {labels.type}"
+        raise ScenarioError("data.path", path, f"integer class labels without missing values (column "
+                                               f"{label_column!r} {held})")
     y = labels.to_numpy(zero_copy_only=False).astype(np.int64)
     bad = (y < 0) | (y >= MAX_CLASSES)
     if bad.any():
@@ -111,7 +117,8 @@ def load_parquet(path: str, label_column: str, client_column: str, feature_colum
 
     ids = _array(table, client_column)
     if ids.null_count:
-        raise ScenarioError("data.client_column", client_column, "a column without missing values")
+        raise ScenarioError("data.path", path, f"client ids without missing values (column {client_column!r} has "
+                                               f"{ids.null_count} missing)")
     unique_ids = pc.unique(ids)
     unique_ids = unique_ids.take(pc.sort_indices(unique_ids))
     client = pc.index_in(ids, value_set=unique_ids).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -10,6 +10,7 @@ results may be overridden: where the run executes (``runtime.*``), where client 
 from __future__ import annotations
 
 import json
+import re
 
 from omegaconf import OmegaConf
 
@@ -53,5 +54,6 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
         raise ScenarioError("run_dir", run_dir, f"a run with a {CHECKPOINT} to go on from (this one stopped "
                             "before its first checkpoint; see output.checkpoint_every and output.checkpoint_seconds)") from None
     except Exception as exc:  # a damaged or foreign file
-        raise ScenarioError("run_dir", run_dir, f"a readable {CHECKPOINT}: {str(exc).splitlines()[0]}") from None
+        first_line = re.sub(r"\x1b\[[0-9;]*m", "", str(exc).splitlines()[0])  # torch colours its messages
+        raise ScenarioError("run_dir", run_dir, f"a readable {CHECKPOINT}: {first_line}") from None
     return cfg, checkpoint

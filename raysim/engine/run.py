@@ -51,8 +51,9 @@ SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last check
 
 @dataclass
 class Tally:
-    """Running totals for the summary: task statuses, rounds logged, and the updates applied and
-    wall time after the first round (the steady rate, warm-up and evaluation excluded)."""
+    """Running totals for the summary: task statuses, rounds logged, the updates applied and
+    wall time after the first round (the steady rate, warm-up and evaluation excluded), and the
+    checkpoints taken. A checkpoint holds them, so a resumed run counts on from there."""
 
     statuses: dict = field(default_factory=dict)
     rounds: int = 0
@@ -61,6 +62,7 @@ class Tally:
     steady_updates: int = 0
     steady_eval_seconds: float = 0.0  # evaluation and diagnostics between the first and the last row
     diagnostics: dict = field(default_factory=dict)  # the last non-null value of each DIAGNOSTICS column
+    checkpoints: dict = field(default_factory=lambda: {"count": 0, "seconds": 0.0, "bytes": 0})  # bytes: the last
 
     def add(self, report: dict) -> None:
         """Count a scheduler report's events and rounds."""
@@ -101,7 +103,6 @@ class Run:
         self.report = {"version": 0, "applied": 0, "last_eval": {}, "done": False} if state is None else \
             {"version": state.version, "applied": state.applied, "last_eval": dict(state.last_eval), "done": False}
         self.flushed_at, self.flush_cost = time.monotonic(), 0.0
-        self.checkpoints = {"count": 0, "seconds": 0.0, "bytes": 0}
         self.checkpointed_at, self.checkpoint_cost = time.monotonic(), 0.0
         self.restarts = 0
 
@@ -217,13 +218,14 @@ class Run:
         """Flush the logs, then write the run state with their row counts (``checkpoint.pt``)."""
         began = time.perf_counter()
         self._flush()
+        taken = self.tally.checkpoints
+        taken["count"] += 1  # before it is taken: the checkpoint counts itself
         checkpoint = self._take_checkpoint()
-        self.checkpoints["bytes"] = checkpoint.save(self.out)
+        taken["bytes"] = checkpoint.save(self.out)
         self.checkpoint = checkpoint
         self.checkpoint_cost = time.perf_counter() - began
         self.checkpointed_at = time.monotonic()
-        self.checkpoints["count"] += 1
-        self.checkpoints["seconds"] += self.checkpoint_cost
+        taken["seconds"] += self.checkpoint_cost
 
     def _recover(self, exc: SchedulerLost) -> None:
         """Start a new scheduler from the latest checkpoint after the SchedulerActor was lost."""
@@ -295,7 +297,7 @@ class Run:
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
             "wall_seconds": time.perf_counter() - self.began,
             "steady_updates_per_second": self.tally.steady_rate(),
-            "checkpoints": dict(self.checkpoints), "scheduler_restarts": self.restarts,
+            "checkpoints": dict(self.tally.checkpoints), "scheduler_restarts": self.restarts,
             "system": final.get("system"), "actors": self.runtime.describe() if final else [],
             "split": describe_split(model.module, model.personal),
             "model": {"kind": cfg.model.kind, "parameters": model.size,

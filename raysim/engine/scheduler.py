@@ -334,8 +334,9 @@ class Scheduler:
         accuracy = correct[tested] / rows[tested]
         n = len(accuracy)
         ci = (stats.t.ppf(0.975, n - 1) * accuracy.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        return {"personalized_accuracy": correct.sum() / rows.sum(), "personalized_accuracy_mean": accuracy.mean(),
-                "personalized_accuracy_ci95": ci}
+        return {"personalized_accuracy": float(correct.sum() / rows.sum()),  # plain floats: a checkpoint
+                "personalized_accuracy_mean": float(accuracy.mean()),  # holds them (torch.load, weights only)
+                "personalized_accuracy_ci95": float(ci)}
 
     def log_round(self, updates, clients: int, samples: int, round_wall: float, eval_row: dict, **counts) -> None:
         """One rounds.parquet row for the server step just taken (missing values as nulls). Its

@@ -452,12 +452,17 @@ def time_to_accuracy_table(run_dirs: list[str], target: float) -> str:
              "| applied | late | dropped | failed | stale |", "|---|---|---|---|---|---|---|---|---|---|"]
     for run in load_runs(run_dirs):
         hit = run.reach(target)
-        reached = (f"{run.rounds['virtual_time'][hit]:,.0f}", f"{run.rounds['wall_time'][hit]:.1f}") \
+        reached = (_seconds(run.rounds['virtual_time'][hit]), f"{run.rounds['wall_time'][hit]:.1f}") \
             if hit is not None else ("not reached", "—")
         acc = run.series("round", "test_accuracy")
         final = acc[1][-1] if acc is not None else float("nan")
         tasks = (run.summary or {}).get("tasks", {})
         counts = " | ".join(str(tasks.get(k, 0)) for k in ("applied", "late", "dropped", "failed", "stale"))
         lines.append(f"| {run.label} | {reached[0]} | {reached[1]} | {final:.4f} | "
-                     f"{run.rounds['virtual_time'][-1]:,.0f} | {counts} |")
+                     f"{_seconds(run.rounds['virtual_time'][-1])} | {counts} |")
     return "\n".join(lines)
+
+
+def _seconds(t: float) -> str:
+    """Virtual seconds for the table: whole seconds from 100 on, else three significant digits."""
+    return f"{t:,.0f}" if abs(t) >= 100 else f"{t:.3g}"

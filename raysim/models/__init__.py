@@ -80,10 +80,10 @@ def _module(cfg, feature_shape: tuple, num_classes: int, seed: int) -> nn.Module
 
 def _custom(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
     """A user's ``package.module:factory(feature_shape, num_classes, **model.options)``."""
-    from raysim.catalog import import_object
+    from raysim.catalog import call_imported
 
     what = "a function returning a torch.nn.Module"
-    module = import_object("model.kind", cfg.kind, what)(feature_shape, num_classes, **dict(cfg.options or {}))
+    module = call_imported("model.kind", cfg.kind, what, feature_shape, num_classes, **dict(cfg.options or {}))
     if not isinstance(module, nn.Module):
         raise ScenarioError("model.kind", cfg.kind, f"{what} (it returned {type(module).__name__})")
     return module

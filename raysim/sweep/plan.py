@@ -211,7 +211,8 @@ def _check_grid(grid: dict, overrides) -> None:
         if twice:
             raise ScenarioError(f"grid key {key}", values, f"distinct values ({twice[0]} is given twice)")
     if {"output", "output.dir"} & overridden:
-        raise ScenarioError("output.dir", next(o for o in overrides if o.startswith("output")),
+        given = next(o for o in overrides if o.partition("=")[0].strip() in ("output", "output.dir"))
+        raise ScenarioError(given.partition("=")[0].strip(), given.partition("=")[2],
                             "no override in a sweep (each point's output.dir is <out>/<point>; use --out)")
 
 

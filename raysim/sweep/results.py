@@ -68,13 +68,21 @@ def is_done(point) -> bool:
     stored = point.dir / "scenario.yaml"
     if not stored.is_file():
         return False
-    from raysim.config import to_yaml
+    from raysim.config import load_scenario, to_yaml
 
-    ours = _comparable(OmegaConf.to_container(OmegaConf.create(to_yaml(point.cfg))), point.cfg.runtime.num_cpus)
+    def comparable(cfg) -> dict:
+        return _comparable(OmegaConf.to_container(OmegaConf.create(to_yaml(cfg))), point.cfg.runtime.num_cpus)
+
+    ours = comparable(point.cfg)
     try:
-        theirs = _comparable(OmegaConf.to_container(OmegaConf.load(stored)), point.cfg.runtime.num_cpus)
-    except Exception:  # not YAML, not a mapping…
+        written = OmegaConf.load(stored)
+    except Exception:  # not YAML…
         theirs = {"scenario.yaml": "unreadable"}
+    else:
+        try:  # written as this raysim writes it (an older one may have kept keys that the run ignores)
+            theirs = comparable(load_scenario(written))
+        except Exception:  # not a mapping, or not a scenario of this raysim: compared as written
+            theirs = _comparable(OmegaConf.to_container(written), point.cfg.runtime.num_cpus)
     if theirs != ours:
         key = next(k for k in sorted(set(theirs) | set(ours)) if theirs.get(k, "unset") != ours.get(k, "unset"))
         raise ScenarioError("sweep point", str(point.dir), f"a directory of this point's runs only; it holds a run "

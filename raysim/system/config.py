@@ -1,7 +1,7 @@
 """The ``system:`` section of a scenario: devices, networks, availability, dropout, unreliable agents,
 Byzantine clients.
 
-Structured omegaconf dataclasses (every key, type and default), plus
+Structured omegaconf dataclasses (every key, its type, default, doc and the kinds it applies to), plus
 :data:`DISTRIBUTIONS`, the one-line description of every ``kind`` (and other
 named option) per section, which validation and ``raysim list`` both use.
 """
@@ -16,67 +16,110 @@ from raysim.schema import key, when
 OMNISCIENT_ATTACKS = ("alie", "ipm")  # they see the honest updates of the same server step
 
 
+@dataclass(frozen=True)
+class _TierOf:
+    """A condition (see :class:`raysim.schema.When`): a :class:`Tier` key applies only in the tiers of
+    ``system.<section>`` (``holds`` gets the tier's own path, ``system.compute.tiers[i]`` or
+    ``system.network.tiers[i]``)."""
+
+    section: str
+
+    def holds(self, cfg, section: str) -> bool:
+        return section.startswith(f"system.{self.section}.tiers[")
+
+    def describe(self, cfg, section: str) -> str:
+        return f"it applies only in system.{self.section}.tiers (here a tier of {section.split('[')[0]})"
+
+
+COMPUTE_TIER, NETWORK_TIER = _TierOf("compute"), _TierOf("network")
+
+
 @dataclass
 class Tier:
-    """One device class (compute tiers) or network class (network tiers)."""
+    """One device class (compute tiers: fraction, speed) or network class (network tiers: fraction,
+    down_mbps, up_mbps, latency_s)."""
 
-    fraction: float = 1.0  # share of the clients in this tier
-    speed: float = 1.0  # compute tiers: relative device speed
-    down_mbps: float = 100.0  # network tiers
-    up_mbps: float = 20.0
-    latency_s: float = 0.05
+    fraction: float = key(1.0, "share of the clients in this tier (the tiers' fractions sum to 1)")
+    speed: float = key(1.0, "compute tiers: relative device speed", when=COMPUTE_TIER)
+    down_mbps: float = key(100.0, "network tiers: download bandwidth (Mbit/s)", when=NETWORK_TIER)
+    up_mbps: float = key(20.0, "network tiers: upload bandwidth (Mbit/s)", when=NETWORK_TIER)
+    latency_s: float = key(0.05, "network tiers: one-way latency (s)", when=NETWORK_TIER)
+
+
+def _compute(*kinds: str):
+    return when("system.compute.kind", *kinds)
 
 
 @dataclass
 class ComputeConfig:
     """Per-client device speed and the virtual compute time of a task."""
 
-    kind: str = "constant"  # constant | tiers | lognormal | pareto | trace
-    speed: float = 1.0  # constant
-    tiers: List[Tier] = field(default_factory=list)  # tiers: fractions sum to 1
-    mu: float = 0.0  # lognormal: speed = exp(N(mu, sigma))
-    sigma: float = 1.0
-    shape: float = 1.5  # pareto: speed = scale / (1 + Lomax(shape))
-    scale: float = 1.0
-    slow_fraction: float = 0.0  # this share of clients (at random) is slower by slow_factor, on top of any kind
-    slow_factor: float = 10.0
-    path: Optional[str] = None  # trace: CSV or Parquet with columns client_id, speed
-    seconds_per_sample: float = 0.001  # virtual seconds per sample at speed 1
-    noise: float = 0.0  # per-task multiplicative noise exp(N(0, noise))
+    kind: str = key("constant", "per-client speed: constant | tiers | lognormal | pareto | trace")
+    speed: float = key(1.0, "constant: every client's speed", when=_compute("constant"))
+    tiers: List[Tier] = key(doc="tiers: device classes, a list of {fraction, speed} (fractions sum to 1; each "
+                                "client draws its tier)", factory=list, when=_compute("tiers"))
+    mu: float = key(0.0, "lognormal: speed = exp(N(mu, sigma)) per client", when=_compute("lognormal"))
+    sigma: float = key(1.0, "lognormal: standard deviation of log speed", when=_compute("lognormal"))
+    shape: float = key(1.5, "pareto: speed = scale / (1 + Lomax(shape)) per client", when=_compute("pareto"))
+    scale: float = key(1.0, "pareto: the fastest speed", when=_compute("pareto"))
+    slow_fraction: float = key(0.0, "on top of any kind: this share of the clients (drawn per client) is "
+                                    "slow_factor times slower")
+    slow_factor: float = key(10.0, "how many times slower the slow_fraction clients are (>= 1)")
+    path: Optional[str] = key(None, "trace: CSV or Parquet file with columns client_id, speed (every client once)",
+                              when=_compute("trace"))
+    seconds_per_sample: float = key(0.001, "virtual seconds per sample of work at speed 1")
+    noise: float = key(0.0, "per-task log-normal jitter: compute time times exp(N(0, noise))")
+
+
+def _network(*kinds: str):
+    return when("system.network.kind", *kinds)
 
 
 @dataclass
 class NetworkConfig:
     """Per-client bandwidths and latency: the virtual communication time of a task."""
 
-    kind: str = "none"  # none | constant | tiers | lognormal
-    down_mbps: float = 100.0
-    up_mbps: float = 20.0
-    latency_s: float = 0.05
-    tiers: List[Tier] = field(default_factory=list)
-    sigma: float = 0.5  # lognormal: bandwidths = constants * exp(N(0, sigma)) per client
+    kind: str = key("none", "communication time: none (free) | constant | tiers | lognormal")
+    down_mbps: float = key(100.0, "constant, lognormal: download bandwidth (Mbit/s)",
+                           when=_network("constant", "lognormal"))
+    up_mbps: float = key(20.0, "constant, lognormal: upload bandwidth (Mbit/s)", when=_network("constant", "lognormal"))
+    latency_s: float = key(0.05, "constant, lognormal: one-way latency (s)", when=_network("constant", "lognormal"))
+    tiers: List[Tier] = key(doc="tiers: network classes, a list of {fraction, down_mbps, up_mbps, latency_s} "
+                                "(fractions sum to 1; each client draws its tier)", factory=list,
+                            when=_network("tiers"))
+    sigma: float = key(0.5, "lognormal: bandwidths = down_mbps, up_mbps times exp(N(0, sigma)) per client",
+                       when=_network("lognormal"))
+
+
+def _availability(*kinds: str):
+    return when("system.availability.kind", *kinds)
 
 
 @dataclass
 class AvailabilityConfig:
     """When a client can be sampled."""
 
-    kind: str = "always"  # always | bernoulli | diurnal | trace
-    p: float = 1.0  # bernoulli: chance a client is available at a dispatch
-    period: float = 86400.0  # diurnal: virtual seconds per day
-    on_fraction: float = 0.5  # diurnal: share of each period a client is online (uniform phase per client)
-    path: Optional[str] = None  # trace: CSV or Parquet with columns client_id, start, end
+    kind: str = key("always", "when a client can be sampled: always | bernoulli | diurnal | trace")
+    p: float = key(1.0, "bernoulli: probability that a client is available at a dispatch",
+                   when=_availability("bernoulli"))
+    period: float = key(86400.0, "diurnal: virtual seconds per day", when=_availability("diurnal"))
+    on_fraction: float = key(0.5, "diurnal: share of each period a client is online (phase uniform per client)",
+                             when=_availability("diurnal"))
+    path: Optional[str] = key(None, "trace: CSV or Parquet file with columns client_id, start, end (online "
+                                    "intervals, virtual seconds)", when=_availability("trace"))
 
 
 @dataclass
 class DistributionConfig:
     """A per-client number drawn once (participation probability, local step count)."""
 
-    kind: str = "constant"  # constant | uniform | uniform_int | poisson
-    value: float = 1.0  # constant
-    low: float = 0.0  # uniform, uniform_int: [low, high]
-    high: float = 1.0
-    mean: float = 1.0  # poisson (at least 1)
+    kind: str = key("constant", "per-client law: constant | uniform | uniform_int | poisson (participation: "
+                                "constant | uniform; local_steps: constant | uniform_int | poisson)")
+    value: float = key(1.0, "constant: every client's value", when=when("kind", "constant"))
+    low: float = key(0.0, "uniform, uniform_int: lower end of [low, high]", when=when("kind", "uniform", "uniform_int"))
+    high: float = key(1.0, "uniform, uniform_int: upper end of [low, high]",
+                      when=when("kind", "uniform", "uniform_int"))
+    mean: float = key(1.0, "poisson: mean (every client gets at least 1)", when=when("kind", "poisson"))
 
 
 @dataclass
@@ -84,13 +127,19 @@ class UnreliableConfig:
     """Unreliable agents (FedAvg with unreliable agents): participation coins, per-client local work, weights,
     noise, step normalisation."""
 
-    participation: DistributionConfig = field(default_factory=DistributionConfig)  # delta_k in (0, 1]
+    participation: DistributionConfig = key(doc="δ_k in (0, 1] per client: each local step is computed with "
+                                                "probability δ_k and then scaled by 1/δ_k",
+                                            factory=DistributionConfig)
     coin: str = key("step", "step: one participation coin per local step; round: one coin per task decides all "
                             "of the client's local steps (both scale a computed step by 1/delta_k)")
-    local_steps: Optional[DistributionConfig] = None  # E_k; null: the algorithm's own setting
-    weights: str = "samples"  # samples | uniform
-    gradient_noise: str = "none"  # none | gaussian | laplace
-    noise_scale: float = 0.0
+    local_steps: Optional[DistributionConfig] = key(None, "E_k, local steps per client: {kind: constant | "
+                                                          "uniform_int | poisson, value, low, high, mean} (null: "
+                                                          "the algorithm's own local work)")
+    weights: str = key("samples", "aggregation weights p_k of a server step's updates: samples (proportional to "
+                                  "training rows) | uniform")
+    gradient_noise: str = key("none", "noise added to every local gradient: none | gaussian | laplace")
+    noise_scale: float = key(0.0, "gaussian: standard deviation; laplace: scale of the gradient noise",
+                             when=when("gradient_noise", "none", negate=True))
     normalize_steps: bool = key(False, "each client's local step size is lr / E_k, E_k its number of local steps "
                                        "(the second-order-guarantees paper's mu·K·p_k / E_k with K·p_k = 1, as "
                                        "with weights: uniform)")
@@ -107,11 +156,14 @@ class ByzantineConfig:
     fraction: float = key(0.0, "share of the clients that are Byzantine, drawn once from the seed (the set does "
                                "not depend on the number of actors); in [0, 0.5)")
     clients: Optional[List[int]] = key(None, "ids of the Byzantine clients (instead of fraction)")
-    attack: str = key("sign_flip", "what Byzantine clients send: sign_flip | gaussian | nan | label_flip | alie | ipm (raysim list)")
-    scale: float = key(1.0, "sign_flip: send -scale times the client's honest update", when=_attack("sign_flip"))
+    attack: str = key("sign_flip", "what Byzantine clients send: sign_flip | gaussian | nan | label_flip | alie | ipm "
+                                   "(raysim list)")
+    scale: float = key(1.0, "sign_flip: send -scale times the client's honest update",
+                       when=_attack("sign_flip"))
     sigma: float = key(1.0, "gaussian: standard deviation of every coordinate", when=_attack("gaussian"))
     z: Optional[float] = key(None, "alie: honest mean - z * honest std per coordinate (null: z from the step's n "
-                                   "updates and f Byzantine ones, as in Baruch et al.)", when=_attack("alie"))
+                                   "updates and f Byzantine ones, as in Baruch et al.)",
+                             when=_attack("alie"))
     epsilon: float = key(0.1, "ipm: send -epsilon times the honest mean", when=_attack("ipm"))
     window: Optional[int] = key(None, "alie, ipm under FedAsync: the last `window` honest updates the attack sees "
                                       "(FedBuff: the buffer; sync: the round)",
@@ -132,7 +184,8 @@ class SystemConfig:
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
-    dropout: float = 0.0  # probability that a task fails part-way (no update; time until failure is spent)
+    dropout: float = key(0.0, "probability that a task fails part-way, at a uniform point of its duration (no "
+                              "update; the time until the failure is spent)")
     unreliable: UnreliableConfig = field(default_factory=UnreliableConfig)
     byzantine: ByzantineConfig = field(default_factory=ByzantineConfig)
 

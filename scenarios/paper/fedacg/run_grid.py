@@ -16,7 +16,6 @@ accuracy, and prints Markdown tables (ours, and the paper's numbers beside ours)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

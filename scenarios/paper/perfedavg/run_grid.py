@@ -123,7 +123,7 @@ def cmd_summarize(args) -> int:
     print("\nThe paper's Table 1 (%), FedAvg + update / FO / HF:")
     for row, (data, values) in PAPER.items():
         print(f"| {ROWS[row][0]} | {data} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
-    print(f"| (CIFAR-10 row 5, τ=4, α=0.01) | CIFAR-10 | " + " | ".join(f"{v:.2f}" for v in PAPER_ROW5) + " |")
+    print("| (CIFAR-10 row 5, τ=4, α=0.01) | CIFAR-10 | " + " | ".join(f"{v:.2f}" for v in PAPER_ROW5) + " |")
     if args.figure:
         _plot(args)
     return 0
