@@ -31,15 +31,14 @@ CASES = {
                               "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=5"],
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
                              "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
-    "scaffold": ["algorithm.name=scaffold", "execution.rounds=8", "execution.clients_per_round=6"],
+    "scaffold": ["algorithm.name=scaffold", "execution.rounds=8", "execution.clients_per_round=6", "eval.every=2",
+                 "eval.personalized_steps=2", "eval.curvature=true"],  # both evaluations in the checkpoint too
     "byzantine_fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=40",
                                         "system.byzantine.fraction=0.3", "system.byzantine.attack=alie",
                                         "system.byzantine.window=4", "eval.every=5"],
     "byzantine_buckets": ["execution.rounds=8", "execution.clients_per_round=6", "system.byzantine.fraction=0.2",
                           "system.byzantine.attack=gaussian", "algorithm.aggregator=centered_clipping",
                           "algorithm.bucket_size=2", "algorithm.client_momentum=0.9"],
-    "personalized_and_curvature": ["execution.rounds=8", "execution.clients_per_round=6", "eval.every=2",
-                                   "eval.personalized_steps=2", "eval.curvature=true"],  # both in the checkpoint
     "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
                                  "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",
