@@ -73,16 +73,22 @@ def import_object(path: str, target: str, what: str):
         raise ScenarioError(path, target, f"a name that module {module_name} defines ({what})") from None
 
 
-def call_imported(path: str, target: str, what: str, *args, **kwargs):
-    """``import_object(path, target, what)(*args, **kwargs)``; ``path`` is blamed when the object
-    cannot take those arguments (errors raised inside it are the user's and go through)."""
+def import_callable(path: str, target: str, what: str, allowed: str, *args, **kwargs):
+    """``import_object(path, target, what)``, checked to take ``(*args, **kwargs)``: otherwise one
+    error line that blames ``path`` and says what is ``allowed``."""
     function = import_object(path, target, what)
     try:
         inspect.signature(function).bind(*args, **kwargs)
-    except (TypeError, ValueError) as exc:  # ValueError: a callable without a signature
-        taking = ", ".join([f"{len(args)} positional arguments"] * bool(args) + [f"{k}=" for k in kwargs])
-        raise ScenarioError(path, target, f"{what}, called with {taking} ({exc})") from None
-    return function(*args, **kwargs)
+    except (TypeError, ValueError) as exc:  # ValueError: not a function, or one without a signature
+        raise ScenarioError(path, target, f"{allowed} ({exc})") from None
+    return function
+
+
+def call_imported(path: str, target: str, what: str, *args, **kwargs):
+    """``import_object(path, target, what)(*args, **kwargs)``; ``path`` is blamed when the object
+    cannot take those arguments (errors raised inside it are the user's and go through)."""
+    taking = ", ".join([f"{len(args)} positional arguments"] * bool(args) + [f"{k}=" for k in kwargs])
+    return import_callable(path, target, what, f"{what}, called with {taking}", *args, **kwargs)(*args, **kwargs)
 
 
 def algorithm_class(name: str):

@@ -32,7 +32,8 @@ CASES = {
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
                              "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
     "scaffold": ["algorithm.name=scaffold", "execution.rounds=8", "execution.clients_per_round=6", "eval.every=2",
-                 "eval.personalized_steps=2", "eval.curvature=true"],  # both evaluations in the checkpoint too
+                 "eval.personalized_steps=2", "eval.curvature=true",  # both evaluations in the checkpoint too,
+                 "data.num_clients=12", "model.hidden=[8]"],  # on a small problem: the curvature's exact Hessian
     "byzantine_fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=40",
                                         "system.byzantine.fraction=0.3", "system.byzantine.attack=alie",
                                         "system.byzantine.window=4", "eval.every=5"],

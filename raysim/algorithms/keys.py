@@ -12,7 +12,6 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -177,14 +176,11 @@ def check_aggregator(cfg, num_clients: int) -> None:
     buckets) of a population of ``num_clients``."""
     a, e, b = cfg.algorithm, cfg.execution, cfg.system.byzantine
     if ":" in a.aggregator:
-        from raysim.catalog import import_object
+        from raysim.catalog import import_callable
 
-        rule = import_object("algorithm.aggregator", a.aggregator, "an aggregator function")
-        try:  # as the server step will call it
-            inspect.signature(rule).bind(None, None, **dict(a.aggregator_options or {}))
-        except (TypeError, ValueError) as exc:  # ValueError: not a function, or one without a signature
-            raise ScenarioError("algorithm.aggregator", a.aggregator,
-                                f"a function (updates, weights, **algorithm.aggregator_options) ({exc})") from None
+        import_callable("algorithm.aggregator", a.aggregator, "an aggregator function",  # as the server step calls it
+                        "a function (updates, weights, **algorithm.aggregator_options)", None, None,
+                        **dict(a.aggregator_options or {}))
         return
     if a.aggregator not in AGGREGATOR_NAMES:
         raise ScenarioError("algorithm.aggregator", a.aggregator,

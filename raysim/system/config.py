@@ -158,12 +158,10 @@ class ByzantineConfig:
     clients: Optional[List[int]] = key(None, "ids of the Byzantine clients (instead of fraction)")
     attack: str = key("sign_flip", "what Byzantine clients send: sign_flip | gaussian | nan | label_flip | alie | ipm "
                                    "(raysim list)")
-    scale: float = key(1.0, "sign_flip: send -scale times the client's honest update",
-                       when=_attack("sign_flip"))
+    scale: float = key(1.0, "sign_flip: send -scale times the client's honest update", when=_attack("sign_flip"))
     sigma: float = key(1.0, "gaussian: standard deviation of every coordinate", when=_attack("gaussian"))
     z: Optional[float] = key(None, "alie: honest mean - z * honest std per coordinate (null: z from the step's n "
-                                   "updates and f Byzantine ones, as in Baruch et al.)",
-                             when=_attack("alie"))
+                                   "updates and f Byzantine ones, as in Baruch et al.)", when=_attack("alie"))
     epsilon: float = key(0.1, "ipm: send -epsilon times the honest mean", when=_attack("ipm"))
     window: Optional[int] = key(None, "alie, ipm under FedAsync: the last `window` honest updates the attack sees "
                                       "(FedBuff: the buffer; sync: the round)",
