@@ -222,11 +222,20 @@ def cmd_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from pathlib import Path
+
     from raysim.bench import run_bench
 
+    if args.baseline is not None:
+        if args.durability or args.aggregators or args.scale:
+            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators or --scale with it "
+                                                             "(it runs beside W1, W2 and --async)")
+        if not all((Path(args.baseline) / part).exists() for part in ("raysim/cli.py", "scenarios/bench")):
+            raise ScenarioError("--baseline", args.baseline, "a raysim checkout, with raysim/cli.py and "
+                                                             "scenarios/bench/ (git worktree add DIR COMMIT makes one)")
     return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
                      durability=args.durability, events=args.events, aggregators=args.aggregators, scale=args.scale,
-                     scale_clients=args.clients)
+                     scale_clients=args.clients, baseline=args.baseline)
 
 
 def _job_options(p, required: bool) -> None:
@@ -296,6 +305,9 @@ def parser() -> argparse.ArgumentParser:
                             "first round and peak memory of the process tree")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
+    bench.add_argument("--baseline", metavar="DIR",
+                       help="another raysim checkout (e.g. an earlier commit's git worktree) run interleaved as a "
+                            "third side, on its own copy of each workload's scenario file; prints raysim/baseline")
     bench.add_argument("--out", default="results/bench", help="directory for the runs' outputs")
     bench.add_argument("--repeat", type=int, default=1, help="runs per side (medians are reported)")
     bench.set_defaults(func=cmd_bench)

@@ -235,3 +235,44 @@ def test_bench_reference_loop_trains_the_same_algorithm(tmp_path):
     assert len(bare["round_seconds"]) == 15
     assert abs(bare["final_test_accuracy"] - ours["final_test_accuracy"]) < 0.05
     assert bare["final_test_accuracy"] > 0.4
+
+
+BASELINE_CLI = """
+import json, sys
+from pathlib import Path
+import pyarrow as pa, pyarrow.parquet as pq
+out = Path(sys.argv[-1].split("=", 1)[1])
+out.mkdir(parents=True)
+pq.write_table(pa.table({"clients": [10] * 4, "updates_per_second": [5.0, 20.0, 40.0, 10.0]}), out / "rounds.parquet")
+summary = {"mode": "sync", "final_test_accuracy": 0.5, "num_actors": 1, "cli": __file__, "scenario": sys.argv[2]}
+(out / "summary.json").write_text(json.dumps(summary))
+"""
+
+
+def test_bench_baseline_side_runs_the_other_checkouts_raysim_on_its_own_scenario(tmp_path):
+    """`raysim bench --baseline DIR`: that side imports DIR's raysim, not the installed one, and
+    runs DIR's copy of the workload's scenario file; its figures are read as raysim's are."""
+    from raysim.bench import run_raysim
+
+    checkout = tmp_path / "checkout"
+    (checkout / "scenarios" / "bench").mkdir(parents=True)
+    (checkout / "raysim").mkdir()
+    (checkout / "raysim" / "__init__.py").write_text("")
+    (checkout / "raysim" / "cli.py").write_text(BASELINE_CLI)
+    figures = run_raysim("w1", tmp_path / "out", checkout)
+    summary = json.loads((tmp_path / "out" / "w1" / "baseline" / "summary.json").read_text())
+    assert summary["cli"] == str(checkout / "raysim" / "cli.py")
+    assert summary["scenario"] == str(checkout / "scenarios" / "bench" / "w1.yaml")
+    assert figures["updates_per_second"] == 20.0  # the median round after the first: 0.5 s of 0.25, 0.5 and 1 s
+    assert figures["final_test_accuracy"] == 0.5
+
+
+@pytest.mark.parametrize("extra, allowed", [
+    ([], "a raysim checkout, with raysim/cli.py and scenarios/bench/ (git worktree add DIR COMMIT makes one)"),
+    (["--scale"], "no --durability, --aggregators or --scale with it (it runs beside W1, W2 and --async)")])
+def test_bench_baseline_that_cannot_run_is_one_error_line(tmp_path, capsys, extra, allowed):
+    from raysim.cli import main
+
+    assert main(["bench", "--baseline", str(tmp_path), "--out", str(tmp_path / "out"), *extra]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --baseline = {str(tmp_path)!r}: expected {allowed}"
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,8 @@
 Each side runs in its own fresh process, so wall time includes start-up (imports,
 data generation, Ray start-up and shut-down) and memory is the peak of that
 process tree. Figures are printed as ratios against the bare loop measured in
-the same command; nothing is compared with numbers from another machine.
+the same command (and, with ``--baseline``, against another raysim checkout run
+interleaved with this one); nothing is compared with numbers from another machine.
 """
 
 from __future__ import annotations
@@ -32,14 +33,20 @@ def steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
     return clients_per_round / per_round, per_round
 
 
-def run_raysim(workload: str, out: Path) -> dict:
-    """``raysim run`` of a workload in a fresh process."""
-    run_dir = out / workload / "raysim"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(SCENARIOS / f"{workload}.yaml"), "--quiet",
-           f"output.dir={run_dir}"]
-    figures = measure(cmd)
+def run_raysim(workload: str, out: Path, baseline: Path | None = None) -> dict:
+    """``raysim run`` of a workload in a fresh process; with ``baseline``, the raysim of that
+    checkout runs the checkout's own scenario file of the workload."""
+    run_dir = (out / workload / ("baseline" if baseline else "raysim")).resolve()
+    scenario = (baseline / "scenarios" / "bench" if baseline else SCENARIOS) / f"{workload}.yaml"
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(scenario), "--quiet", f"output.dir={run_dir}"]
+    env = None
+    if baseline:  # the checkout's package first on the path, for the driver and (inherited) Ray's workers;
+        # run from the checkout too, since `python -m` puts the working directory (maybe this checkout) first
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(baseline), os.environ.get("PYTHONPATH")])))
+    figures = measure(cmd, env=env, cwd=baseline)
     if figures["returncode"] != 0:
-        raise RuntimeError(f"raysim run of {workload} failed with exit code {figures['returncode']}")
+        raise RuntimeError(f"{'the baseline' if baseline else 'raysim'} run of {workload} failed with exit code "
+                           f"{figures['returncode']}")
     rounds = pq.read_table(run_dir / "rounds.parquet").to_pydict()
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary["mode"] == "async":  # many tiny server steps: rate over the whole run after the first
@@ -66,8 +73,11 @@ def run_bare(workload: str, out: Path) -> dict:
                 final_test_accuracy=result["final_test_accuracy"], actors=0)
 
 
+HEADER = f"{'run':18s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MiB':>9s} {'RSS MiB':>9s} {'accuracy':>8s}"
+
+
 def _row(name: str, r: dict) -> str:
-    return (f"{name:14s} {r['wall_seconds']:8.2f} {r['updates_per_second']:10.0f} {r['seconds_per_round']:10.4f} "
+    return (f"{name:18s} {r['wall_seconds']:8.2f} {r['updates_per_second']:10.0f} {r['seconds_per_round']:10.4f} "
             f"{r['peak_pss'] / MIB:9.0f} {r['peak_rss'] / MIB:9.0f} {r['final_test_accuracy']:8.4f}")
 
 
@@ -77,19 +87,27 @@ def _median(runs: list) -> dict:
     return dict(runs[0], **{k: statistics.median(r[k] for r in runs) for k in keys}, repeats=len(runs))
 
 
-def run_async_bench(out: Path, repeat: int) -> dict:
-    """Scheduler throughput (10,000 tasks in flight, tiny model) and async W1 against sync W1."""
+def run_async_bench(out: Path, repeat: int, baseline: Path | None = None) -> dict:
+    """Scheduler throughput (10,000 tasks in flight, tiny model) and async W1 against sync W1;
+    with ``baseline``, that checkout's scheduler workload too."""
     runs = {}
+    sides = [("scheduler", None)] + ([("scheduler", baseline)] if baseline else []) + [("w1_async", None), ("w1", None)]
     for _ in range(repeat):
-        for workload in ("scheduler", "w1_async", "w1"):
-            r = run_raysim(workload, out)
-            runs.setdefault(workload, []).append(r)
-            print(_row(f"{workload}/raysim", r), flush=True)
+        for workload, checkout in sides:
+            name = f"{workload}/{'baseline' if checkout else 'raysim'}"
+            r = run_raysim(workload, out, checkout)
+            runs.setdefault(name, []).append(r)
+            print(_row(name, r), flush=True)
     med = {name: _median(rs) for name, rs in runs.items()}
-    ratios = {"scheduler_updates_per_second": med["scheduler"]["updates_per_second"],
-              "async_over_sync_w1_wall": med["w1_async"]["wall_seconds"] / med["w1"]["wall_seconds"]}
+    ratios = {"scheduler_updates_per_second": med["scheduler/raysim"]["updates_per_second"],
+              "async_over_sync_w1_wall": med["w1_async/raysim"]["wall_seconds"] / med["w1/raysim"]["wall_seconds"]}
     print(f"scheduler: {ratios['scheduler_updates_per_second']:.0f} applied updates/s with 10,000 in flight "
           f"(target >= 5000)")
+    if baseline:
+        base = med["scheduler/baseline"]["updates_per_second"]
+        ratios["scheduler_over_baseline"] = ratios["scheduler_updates_per_second"] / base
+        print(f"scheduler: raysim/baseline applied updates/s {ratios['scheduler_over_baseline']:.2f}x "
+              f"(the baseline: {base:.0f}/s on its own scheduler.yaml)")
     print(f"async W1 (2,000 updates, concurrency 100) / sync W1 wall {ratios['async_over_sync_w1_wall']:.2f}x "
           f"(target <= 1.5)")
     return {"runs": runs, "medians": med, "ratios": ratios}
@@ -97,10 +115,13 @@ def run_async_bench(out: Path, repeat: int) -> dict:
 
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
               asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
-              aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000) -> int:
+              aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000,
+              baseline: str | None = None) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
-    and the ratios of the medians; writes bench.json in ``out_dir``. ``durability``, ``asynchronous``
-    ``aggregators`` and ``scale`` run those benchmarks instead."""
+    and the ratios of the medians; writes bench.json in ``out_dir``. ``baseline``: a raysim checkout
+    run as a third side (and beside the scheduler of ``asynchronous``). ``durability``,
+    ``asynchronous``, ``aggregators`` and ``scale`` run those benchmarks instead."""
+    checkout = Path(baseline).resolve() if baseline else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if scale:
@@ -123,18 +144,19 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
         return 0
     if asynchronous:
         print(f"raysim bench --async on {os.cpu_count()} CPUs; each run in a fresh process")
-        print(f"{'run':14s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MiB':>9s} {'RSS MiB':>9s} {'accuracy':>8s}")
-        (out / "bench_async.json").write_text(json.dumps(run_async_bench(out, repeat), indent=2) + "\n")
+        print(HEADER)
+        (out / "bench_async.json").write_text(json.dumps(run_async_bench(out, repeat, checkout), indent=2) + "\n")
         return 0
     workloads = ["w1", "w2"] if w2 else ["w1"]
-    sides = [s for s in ("bare", "raysim") if only in (None, s)]
+    sides = [s for s in ("bare", "raysim") if only in (None, s)] + (["baseline"] if checkout else [])
     runs = {}
     print(f"raysim bench on {os.cpu_count()} CPUs; each side in a fresh process (wall includes start-up)")
-    print(f"{'run':14s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MiB':>9s} {'RSS MiB':>9s} {'accuracy':>8s}")
+    print(HEADER)
     for _ in range(repeat):  # every repeat runs every workload and side: drift of the machine's speed hits all alike
         for workload in workloads:
             for side in sides:
-                r = run_bare(workload, out) if side == "bare" else run_raysim(workload, out)
+                r = run_bare(workload, out) if side == "bare" else run_raysim(workload, out,
+                                                                              checkout if side == "baseline" else None)
                 runs.setdefault(f"{workload}/{side}", []).append(r)
                 print(_row(f"{workload}/{side}", r), flush=True)
     results = {name: _median(rs) for name, rs in runs.items()}
@@ -152,6 +174,15 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
                   f"steady updates/s {ratios[workload]['updates_per_second']:.2f}x{ratio_target} "
                   f"= {ray['updates_per_second']:.0f}/s{ups_target}, "
                   f"raysim peak PSS {ray['peak_pss'] / MIB:.0f} MiB{memory_target}")
+        base = results.get(f"{workload}/baseline")
+        if base and ray:
+            ratios[f"{workload}_over_baseline"] = {
+                "wall": ray["wall_seconds"] / base["wall_seconds"],
+                "updates_per_second": ray["updates_per_second"] / base["updates_per_second"],
+                "peak_pss": ray["peak_pss"] / base["peak_pss"]}
+            over = ratios[f"{workload}_over_baseline"]
+            print(f"{workload}: raysim/baseline wall {over['wall']:.2f}x, steady updates/s "
+                  f"{over['updates_per_second']:.2f}x, peak PSS {over['peak_pss']:.2f}x")
     if w2 and "w1/raysim" in results and "w2/raysim" in results:
         growth = results["w2/raysim"]["seconds_per_round"] / results["w1/raysim"]["seconds_per_round"]
         ratios["w2_over_w1_round_time"] = growth

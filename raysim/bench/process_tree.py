@@ -59,12 +59,14 @@ def peak_memory(pid: int, rss_interval: float = 0.2, pss_every: int = 5):
         sampler.join()
 
 
-def measure(command: list, rss_interval: float = 0.2, pss_every: int = 5, started=None) -> dict:
-    """Run ``command``; return its exit code, wall seconds and peak tree PSS/RSS (bytes), sampled
-    as :func:`peak_memory` does. ``started(popen)``, if given, is called once the process runs
-    (e.g. to keep its pid, to stop it from another thread)."""
+def measure(command: list, rss_interval: float = 0.2, pss_every: int = 5, started=None, env=None,
+            cwd=None) -> dict:
+    """Run ``command`` (in environment ``env`` and directory ``cwd``, or this process's); return its
+    exit code, wall seconds and peak tree PSS/RSS (bytes), sampled as :func:`peak_memory` does.
+    ``started(popen)``, if given, is called once the process runs (e.g. to keep its pid, to stop it
+    from another thread)."""
     began = time.perf_counter()
-    proc = subprocess.Popen(command)
+    proc = subprocess.Popen(command, env=env, cwd=cwd)
     if started is not None:
         started(proc)
     with peak_memory(proc.pid, rss_interval, pss_every) as peak:
