@@ -62,8 +62,8 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
 
 
 def run(scenario, overrides: Sequence[str] = (), progress=None) -> RunResult:
-    """Run ``scenario`` (a YAML path, or a mapping of scenario keys) with ``key=value``
-    ``overrides``, as ``raysim run`` does; bad input raises :class:`raysim.errors.ScenarioError`
+    """Run ``scenario`` (a YAML path, or a mapping of scenario keys) with ``key=value`` (and
+    ``~key``: unset) ``overrides``, as ``raysim run`` does; bad input raises :class:`raysim.errors.ScenarioError`
     before any runtime starts, a failed run :class:`raysim.errors.RunError` (rows written so far
     stay in the output directory). ``progress(report)`` sees each report of the scheduler."""
     from raysim.config import load_scenario

@@ -78,7 +78,7 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
     except RunError as exc:
         raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
     except KeyboardInterrupt as exc:  # main() prints this line
-        exc.args = (_stopped_line(cfg.output.dir),)
+        exc.args = (_stopped_line(cfg, resuming=checkpoint is not None),)
         raise
     finally:
         bar.close()
@@ -90,18 +90,28 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
     return 0
 
 
-def _stopped_line(run_dir: str) -> str:
-    """What Ctrl-C or SIGTERM left in ``run_dir``: a checkpoint to resume from, or nothing yet."""
+def _stopped_line(cfg, resuming: bool) -> str:
+    """What Ctrl-C or SIGTERM left in the run's directory: a checkpoint to resume from, or nothing
+    yet. A new run stopped during start-up has not cleared the directory: a checkpoint there is an
+    earlier run's, which continues this run only if that run had the same scenario."""
+    from raysim.config import to_yaml
     from raysim.engine.checkpoint import CHECKPOINT
     from raysim.lifecycle import terminated
     from raysim.metrics import OutputDir
 
-    how = "terminated" if terminated() else "interrupted"
+    how, run_dir = "terminated" if terminated() else "interrupted", cfg.output.dir
+    found = resumable = False
     try:
-        OutputDir.open(run_dir, create=False).reader(CHECKPOINT).close()
-    except (FileNotFoundError, ScenarioError):
-        return f"{how} before the run's first checkpoint: nothing to resume in {run_dir}"
-    return f"{how}: metrics and a checkpoint are in {run_dir}; continue with: raysim resume {run_dir}"
+        out = OutputDir.open(run_dir, create=False)
+        out.reader(CHECKPOINT).close()
+        found = True
+        resumable = resuming or out.read_bytes("scenario.yaml").decode() == to_yaml(cfg)
+    except (OSError, ValueError, ScenarioError):  # no checkpoint (FileNotFoundError), an unreadable file
+        pass
+    if resumable:
+        return f"{how}: metrics and a checkpoint are in {run_dir}; continue with: raysim resume {run_dir}"
+    earlier = f" (the {CHECKPOINT} there is an earlier run's)" if found else ""
+    return f"{how} before the run's first checkpoint: nothing to resume in {run_dir}{earlier}"
 
 
 def _final_metrics(summary: dict) -> str:
@@ -254,7 +264,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1")
+    run.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1; ~key "
+                                                              "unsets a key the file sets")
     run.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
     run.set_defaults(func=cmd_run)
     res = sub.add_parser("resume", help="continue a stopped run from its checkpoint (same results as if it had "
@@ -268,7 +279,8 @@ def parser() -> argparse.ArgumentParser:
     res.set_defaults(func=cmd_resume)
     val = sub.add_parser("validate", help="check a scenario and overrides without running it")
     val.add_argument("scenario", help="scenario YAML file")
-    val.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1")
+    val.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1; ~key "
+                                                              "unsets a key the file sets")
     val.set_defaults(func=cmd_validate)
     lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms with their keys, and every scenario key, as YAML")
     lst.set_defaults(func=cmd_list)

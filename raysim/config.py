@@ -11,6 +11,7 @@ Ray starts with one line naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -262,7 +263,8 @@ TOP_LEVEL_KEYS = tuple(Scenario.__dataclass_fields__)
 
 def load_scenario(source, overrides: List[str] = ()) -> DictConfig:
     """Merge a scenario (a YAML file's path, a mapping of keys, a scenario loaded before, or
-    None) and ``key=value`` overrides onto the schema and validate.
+    None) and ``key=value`` overrides onto the schema and validate; a ``~key`` override removes a
+    key the scenario sets (:func:`_unset`).
 
     The ``algorithm`` section's schema is the keys dataclass of the algorithm it names
     (:func:`raysim.catalog.algorithm_keys`). Keys that the scenario sets but that would be
@@ -275,11 +277,12 @@ def load_scenario(source, overrides: List[str] = ()) -> DictConfig:
         layers.append(OmegaConf.create(OmegaConf.to_container(source) if isinstance(source, DictConfig) else source))
     elif source is not None:
         layers.append(_read_yaml(os.fspath(source)))
-    layers.append(_parse_overrides(overrides))
+    layers.append(_parse_overrides(_unset(layers, overrides)))
     algorithm_layers = [_take_algorithm(layer) for layer in layers]
     loaded = 1 if isinstance(source, DictConfig) else 0  # a loaded scenario holds every key: none is "set"
-    explicit = [p for layer in layers[loaded:] for p in _leaf_paths(layer)]
-    explicit += [f"algorithm.{p}" for layer in algorithm_layers[loaded:] for p in _leaf_paths(layer)]
+    paths = [[*_leaf_paths(layer), *(f"algorithm.{p}" for p in _leaf_paths(section))]
+             for layer, section in zip(layers[loaded:], algorithm_layers[loaded:])]
+    explicit = [p for layer in paths for p in layer]
     cfg = schema
     for layer in layers:
         _check_layer(layer, schema)
@@ -292,8 +295,26 @@ def load_scenario(source, overrides: List[str] = ()) -> DictConfig:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise _translate(exc) from None
-    validate(cfg, explicit)
+    validate(cfg, explicit, unsettable=set(explicit) - set(paths[-1]))
     return cfg
+
+
+def _unset(layers: list, overrides) -> list:
+    """Apply the ``~key`` overrides: each removes a key that the scenario sets, so that the key's
+    default applies and it no longer counts as set. Returns the other overrides."""
+    rest = []
+    for item in overrides:
+        if not item.startswith("~"):
+            rest.append(item)
+            continue
+        parent, _, name = item[1:].rpartition(".")
+        nodes = [OmegaConf.select(layer, parent) if parent else layer for layer in layers] if name else []
+        holders = [node for node in nodes if isinstance(node, DictConfig) and name in node]
+        _check(bool(holders) and "=" not in item, "override", item,
+               "~KEY, for a key the scenario sets (its default then applies)")
+        for node in holders:
+            del node[name]
+    return rest
 
 
 def _take_algorithm(layer: DictConfig) -> DictConfig:
@@ -379,10 +400,17 @@ def _parse_overrides(overrides) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ScenarioError("override", item, "key=value, e.g. algorithm.lr=0.1")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as exc:
-        raise ScenarioError("override", " ".join(overrides), f"key=value pairs ({exc})") from None
+    layer = OmegaConf.create()
+    for item in overrides:  # one at a time, so that a value that is not YAML is named
+        try:
+            layer.merge_with_dotlist([item])
+        except OmegaConfBaseException as exc:
+            raise ScenarioError("override", " ".join(overrides), f"key=value pairs ({exc})") from None
+        except yaml.YAMLError as exc:
+            key, value = item.split("=", 1)
+            problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+            raise ScenarioError(key, value, f"a YAML value ({problem})") from None
+    return layer
 
 
 def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: str = "a known key") -> None:
@@ -393,8 +421,11 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
         path = f"{prefix}{name}"
         if name not in schema:
             allowed = ", ".join(str(k) for k in schema.keys()) or "no name yet"
-            hint = "; a sweep: section is run by raysim sweep FILE" if path == "sweep" else ""
-            raise ScenarioError(path, _raw(layer, name), f"{what}; allowed here: {allowed}{hint}")
+            if path == "sweep":
+                suggestion, hint = "", "; a sweep: section is run by raysim sweep FILE"
+            else:
+                suggestion, hint = _suggestion(path, str(name), schema), ""
+            raise ScenarioError(path, _raw(layer, name), f"{what}{suggestion}; allowed here: {allowed}{hint}")
         declared, child = schema._get_node(name), layer._get_node(name)
         if child._is_interpolation() or (child._is_none() and declared._metadata.optional):
             continue
@@ -404,11 +435,26 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
         elif isinstance(declared, ListConfig):
             entry = declared._metadata.element_type
             _check(isinstance(child, ListConfig), path, _raw(layer, name), f"a list of {_type_name(entry)}")
-            if dataclasses.is_dataclass(entry):
-                for i in range(len(child)):
+            for i in range(len(child)):
+                if dataclasses.is_dataclass(entry):
                     _check_entry(child, i, entry, f"{path}[{i}]", what)
+                elif entry in (int, float, str, bool):  # omegaconf lets a list or a mapping stand in for one
+                    _check(not isinstance(child._get_node(i), (DictConfig, ListConfig)), f"{path}[{i}]",
+                           _raw(child, i), f"a value of type {_type_name(entry)}")
         elif isinstance(declared, DictConfig):  # a free-form mapping, e.g. model.options
             _check(isinstance(child, DictConfig), path, _raw(layer, name), "a mapping of keys to values")
+
+
+def _suggestion(path: str, name: str, schema: DictConfig) -> str:
+    """For an unknown key: in the algorithm section, the built-in algorithms that take it; else a
+    close name among the section's keys."""
+    from raysim.catalog import ALGORITHMS
+
+    owners = [n for n, (_, keys) in ALGORITHMS.items() if field_of(keys, name)] if path.startswith("algorithm.") else []
+    if owners:
+        return f" ({name} is a key of {', '.join(owners)})"
+    close = difflib.get_close_matches(name, [str(k) for k in schema.keys()], n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _check_entry(parent, key, section: type, path: str, what: str) -> None:
@@ -497,9 +543,10 @@ def check_eval_clients(clients: int | None, num_clients: int) -> None:
            f"null (every client) or an integer in [1, {num_clients}] (the data set's number of clients)")
 
 
-def validate(cfg: DictConfig, explicit=()) -> None:
+def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
-    paths the scenario sets) would be ignored; raise ScenarioError on the first bad one."""
+    paths the scenario sets) would be ignored; raise ScenarioError on the first bad one (for
+    one of ``unsettable``, set by the scenario rather than an override, it names ``~KEY``)."""
     from raysim.catalog import ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_keys, check_init
     from raysim.data import DATASETS
     from raysim.data._checks import check_num_clients
@@ -628,8 +675,9 @@ def validate(cfg: DictConfig, explicit=()) -> None:
         why = _ignored(cfg, keys, path)
         if why is not None:
             value = OmegaConf.select(cfg, path)
+            unset = f"; ~{path.split('[')[0]} unsets it" if path in unsettable else ""  # a list: all of it
             raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
-                                f"no setting ({why})")
+                                f"no setting ({why}){unset}")
     if field_of(keys, "aggregator") is not None and cfg.data.kind not in CLIENTS_FROM_FILES:  # else: prepare
         check_aggregator(cfg, cfg.data.num_clients)
     keys.check(cfg)

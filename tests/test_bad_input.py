@@ -106,17 +106,25 @@ def run_main(capsys, *args) -> str:
 @pytest.mark.parametrize("overrides, line", [
     (["model.hidden=[64,abc]"], "model.hidden[1] = 'abc': expected a value of type int"),
     (["model.hidden=7"], "model.hidden = 7: expected a list of int"),
+    (["algoritm.lr=0.1"], "algoritm = {'lr': 0.1}: expected a known key (did you mean algorithm?); allowed here: "
+                          "name, seed, data, model, algorithm, execution, system, runtime, eval, output"),
+    (["model.hidden=[64,[1]]"], "model.hidden[1] = [1]: expected a value of type int"),
+    (["data.image_shape=[3,{a: 32},32]"], "data.image_shape[1] = {'a': 32}: expected a value of type int"),
+    (["algorithm.lr=0.1", "model.hidden=[64,64"],
+     "model.hidden = '[64,64': expected a YAML value (did not find expected ',' or ']')"),
+    (["name='x"], "name = \"'x\": expected a YAML value (found unexpected end of stream)"),
     (["data.image_shape=[1,x]"], "data.image_shape[1] = 'x': expected a value of type int"),
     (["algorithm.server_betas=[0.9,abc]"], "algorithm.server_betas[1] = 'abc': expected a value of type float"),
     (["system.compute.kind=tiers", "system.compute.tiers=[{fraction: 1.0, sped: 2}]"],
-     f"system.compute.tiers[0].sped = 2: expected a known key; allowed here: {TIER_KEYS}"),
+     f"system.compute.tiers[0].sped = 2: expected a known key (did you mean speed?); allowed here: {TIER_KEYS}"),
     (["system.compute.kind=tiers", "system.compute.tiers=[{fraction: 1.0, speed: fast}]"],
      "system.compute.tiers[0].speed = 'fast': expected a value of type float"),
     (["system.compute.kind=tiers", "system.compute.tiers=[{fraction: 0.5}, 0.5]"],
      f"system.compute.tiers[1] = 0.5: expected a mapping of keys ({TIER_KEYS})"),
     (["system.compute.tiers=5"], "system.compute.tiers = 5: expected a list of Tier"),
     (["system.unreliable.local_steps={kind: constant, valu: 3}"],
-     "system.unreliable.local_steps.valu = 3: expected a known key; allowed here: kind, value, low, high, mean"),
+     "system.unreliable.local_steps.valu = 3: expected a known key (did you mean value?); allowed here: kind, "
+     "value, low, high, mean"),
     (["execution.staleness=3"], "execution.staleness = 3: expected a mapping of keys (kind, a, b)"),
     (["model.options=3"], "model.options = 3: expected a mapping of keys to values"),
     (["algorithm.lr=inf"], "algorithm.lr = inf: expected a finite number"),
@@ -131,9 +139,20 @@ def test_validate_prints_one_line(capsys, overrides, line):
     assert run_main(capsys, "validate", QUICKSTART, *overrides) == f"error: {line}"
 
 
+def test_a_key_of_other_algorithms_names_them(capsys):
+    line = run_main(capsys, "validate", QUICKSTART, "algorithm.prox_mu=0.1")
+    assert line.startswith("error: algorithm.prox_mu = 0.1: expected a key of algorithm.name=fedavg (prox_mu is a key "
+                           "of fedprox); allowed here: name, lr, local_steps,")
+    line = run_main(capsys, "validate", QUICKSTART, "algorithm.name=fedprox", "algorithm.finetuner=cg")
+    assert "(finetuner is a key of ffgg, local_ffgg); allowed here: name, lr," in line
+
+
 def test_run_of_a_sweep_file_points_to_raysim_sweep(capsys):
     line = run_main(capsys, "run", str(REPO / "scenarios" / "scaling" / "actors.yaml"))
-    assert line.startswith("error: sweep = {") and line.endswith("; a sweep: section is run by raysim sweep FILE")
+    assert line.startswith("error: sweep = {") and line.endswith("}: expected a known key; allowed here: name, "
+                                                                  "seed, data, model, algorithm, execution, system, "
+                                                                  "runtime, eval, output; a sweep: section is run by "
+                                                                  "raysim sweep FILE")
 
 
 def test_tier_entry_with_a_typo_in_a_scenario_file(tmp_path, capsys):
@@ -141,7 +160,8 @@ def test_tier_entry_with_a_typo_in_a_scenario_file(tmp_path, capsys):
     path.write_text("system:\n  compute:\n    kind: tiers\n    tiers:\n      - fraction: 0.5\n        speed: 1\n"
                     "      - fractoin: 0.5\n        speed: 2\n")
     assert run_main(capsys, "validate", str(path)) == (
-        f"error: system.compute.tiers[1].fractoin = 0.5: expected a known key; allowed here: {TIER_KEYS}")
+        f"error: system.compute.tiers[1].fractoin = 0.5: expected a known key (did you mean fraction?); allowed "
+        f"here: {TIER_KEYS}")
 
 
 MAPPING = "a YAML mapping of scenario keys (name, seed, data, model, ...); "

@@ -182,11 +182,31 @@ def test_interrupted_run_keeps_readable_metrics(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (f"interrupted: metrics and a checkpoint are in {tmp_path}/run; "
+                                            f"continue with: raysim resume {tmp_path}/run")
     rounds = pq.read_table(rounds_file).to_pydict()
     events = pq.read_table(tmp_path / "run/events.parquet")
     assert len(rounds["round"]) >= 1 and rounds["round"] == list(range(1, len(rounds["round"]) + 1))
     assert events.num_rows >= 20 * len(rounds["round"])
+
+
+def test_the_line_after_ctrl_c_offers_only_this_runs_checkpoint(tmp_path):
+    from raysim.cli import _stopped_line
+    from raysim.config import to_yaml
+
+    cfg = small_scenario(tmp_path)
+    run = tmp_path / "out"
+    run.mkdir()
+    nothing = f"interrupted before the run's first checkpoint: nothing to resume in {run}"
+    resume = f"interrupted: metrics and a checkpoint are in {run}; continue with: raysim resume {run}"
+    assert _stopped_line(cfg, resuming=False) == nothing
+    (run / "checkpoint.pt").write_bytes(b"a checkpoint")
+    (run / "scenario.yaml").write_text(to_yaml(small_scenario(tmp_path, "seed=1")))
+    assert _stopped_line(cfg, resuming=False) == nothing + " (the checkpoint.pt there is an earlier run's)"
+    assert _stopped_line(cfg, resuming=True) == resume  # its own checkpoint, whatever the runtime keys
+    (run / "scenario.yaml").write_text(to_yaml(cfg))  # this run's, or an earlier one of the same scenario
+    assert _stopped_line(cfg, resuming=False) == resume
 
 
 def test_digits_with_cnn_trains(tmp_path):
@@ -275,4 +295,12 @@ def test_bench_baseline_that_cannot_run_is_one_error_line(tmp_path, capsys, extr
 
     assert main(["bench", "--baseline", str(tmp_path), "--out", str(tmp_path / "out"), *extra]) == 2
     assert capsys.readouterr().err.strip() == f"error: --baseline = {str(tmp_path)!r}: expected {allowed}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_scale_with_too_few_clients_is_one_error_line(tmp_path, capsys):
+    from raysim.cli import main
+
+    assert main(["bench", "--scale", "--clients", "500", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr() == ("", "error: --clients = 500: expected an integer > 1,000 (W1's own population)\n")
     assert not (tmp_path / "out").exists()

@@ -203,3 +203,39 @@ def test_an_int_beyond_64_bits_names_the_keys_own_range(capsys, override, allowe
     key, value = override.split("=")
     assert error_line(capsys, "validate", "scenarios/quickstart.yaml", override) == (
         f"error: {key} = {value}: expected {allowed}")
+
+
+QUICKSTART = "scenarios/quickstart.yaml"  # sets algorithm.local_epochs, execution.rounds and clients_per_round
+
+
+def test_a_key_the_file_sets_is_unset_with_a_tilde(capsys):
+    line = error_line(capsys, "validate", QUICKSTART, "algorithm.local_steps=5")
+    assert line == ("error: algorithm.local_epochs = 1: expected no setting (it applies only with "
+                    "algorithm.local_steps = null (here algorithm.local_steps = 5)); ~algorithm.local_epochs unsets it")
+    cfg = load_scenario(QUICKSTART, ["~algorithm.local_epochs", "algorithm.local_steps=5", "~execution.rounds"])
+    assert cfg.algorithm.local_steps == 5 and cfg.algorithm.lr == 0.05  # the file's other keys stay
+    assert cfg.execution.rounds == 20  # the default again (the file says 30)
+    cfg = load_scenario(QUICKSTART, ["execution.mode=async", "execution.max_updates=50", "~execution.rounds",
+                                     "~execution.clients_per_round"])
+    assert cfg.execution.mode == "async"
+    # a key that an override sets again is named without the ~ hint: the override is what to drop
+    line = error_line(capsys, "validate", QUICKSTART, "~algorithm.local_epochs", "algorithm.local_epochs=2",
+                      "algorithm.local_steps=5")
+    assert line.endswith("(here algorithm.local_steps = 5))")
+
+
+def test_an_entry_of_a_list_the_file_sets_names_the_list_to_unset(tmp_path, capsys):
+    path = tmp_path / "tiers.yaml"
+    path.write_text("name: t\nsystem:\n  compute:\n    kind: tiers\n    tiers:\n      - {fraction: 0.5, speed: 1.0}\n"
+                    "      - {fraction: 0.5, speed: 2.0}\n")
+    line = error_line(capsys, "validate", str(path), "system.compute.kind=constant")
+    assert line.startswith("error: system.compute.tiers[0].fraction = 0.5: expected no setting")
+    assert line.endswith("; ~system.compute.tiers unsets it")
+    assert load_scenario(str(path), ["system.compute.kind=constant", "~system.compute.tiers"]).system.compute.kind == \
+        "constant"
+
+
+@pytest.mark.parametrize("item", ["~algorithm.nope", "~", "~algorithm.lr=0.1", "~data.kind.x"])
+def test_a_tilde_for_a_key_the_file_does_not_set_is_one_line(capsys, item):
+    assert error_line(capsys, "validate", QUICKSTART, item) == (
+        f"error: override = {item!r}: expected ~KEY, for a key the scenario sets (its default then applies)")

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from matplotlib.image import imread
+from matplotlib.legend import Legend
 
 from raysim.errors import ScenarioError
 from raysim.metrics.output import PLOTS, REPORT_HTML, OutputDir
@@ -140,6 +141,14 @@ def test_axes_are_logarithmic_where_values_span_decades_and_the_target_is_drawn(
     assert "| slow | 4,000 |" in time_to_accuracy_table([str(tmp_path / "slow")], 0.55)
 
 
+def test_runs_and_line_styles_share_one_legend(tmp_path):
+    runs = load_runs([make_run(tmp_path / "a", "a", virtual=False), make_run(tmp_path / "b", "b", virtual=False, seed=1)])
+    ax = _lines_figure(runs, "round", ("train_loss", "test_loss"), "Loss", "loss").axes[0]
+    legends = [artist for artist in ax.get_children() if isinstance(artist, Legend)]
+    assert legends == [ax.get_legend()]  # a second legend could cover the first
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "train_loss", "test_loss"]
+
+
 class _Page(HTMLParser):
     """The images and table cells of a page."""
 
@@ -252,7 +261,7 @@ def test_bad_run_directory_is_a_scenario_error(tmp_path, setup):
         bad.mkdir()
     with pytest.raises(ScenarioError) as err:
         write_report([good, str(bad)])
-    assert str(err.value).startswith(f"report = {str(bad)!r}: expected a run directory")
+    assert str(err.value) == f"report = {str(bad)!r}: expected a run directory (one with rounds.parquet)"
     assert not (tmp_path / "report").exists()  # nothing written before the check
 
 

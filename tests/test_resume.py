@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -124,15 +125,27 @@ def test_resume_refuses_keys_that_change_results_and_finished_runs(tmp_path):
     assert message.startswith("run_dir = ") and "a readable checkpoint.pt: Weights only load failed" in message
     assert "\n" not in message and "\x1b" not in message  # one plain line, without torch's colour codes
     checkpoint.write_bytes(saved)
-    taken = _summary(cfg.output.dir)["checkpoints"]["count"]
+    before = _summary(cfg.output.dir)["checkpoints"]["count"]
     with pytest.raises(KeyboardInterrupt):  # stopped again: the count goes on from the checkpoint's
         raysim.resume(cfg.output.dir, progress=StopAfter(1))
-    assert _summary(cfg.output.dir)["checkpoints"]["count"] >= taken + 1 >= 2
-    raysim.resume(cfg.output.dir, ["runtime.torch_threads=1", "output.checkpoint_every=3"])
+    taken = _summary(cfg.output.dir)["checkpoints"]
+    assert taken["count"] >= before + 1 >= 2 and taken["bytes"] == checkpoint.stat().st_size
+    # to the end without a checkpoint: the counts stay those of the checkpoint it resumed from (its
+    # seconds from the summary written after it; without that summary, as after SIGKILL, they are missed)
+    no_more = ["runtime.torch_threads=1", "output.checkpoint_every=0", "output.checkpoint_seconds=0"]
+    killed = shutil.copytree(cfg.output.dir, tmp_path / "killed")
+    os.remove(killed / "summary.json")
+    resumed = raysim.resume(str(killed), no_more).summary["checkpoints"]
+    assert (resumed["count"], resumed["bytes"]) == (taken["count"], taken["bytes"])
+    assert resumed["seconds"] < taken["seconds"]
+    assert raysim.resume(cfg.output.dir, [*no_more, "~runtime.torch_threads"]).summary["checkpoints"] == taken
     with pytest.raises(ScenarioError, match="this one has: nothing to resume"):
         raysim.resume(cfg.output.dir)
-    with pytest.raises(ScenarioError, match="it has no scenario.yaml"):
+    with pytest.raises(ScenarioError, match=r"the output directory of a run \(there is no such directory\)"):
         raysim.resume(str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ScenarioError, match=r"the output directory of a run \(it has no scenario.yaml\)"):
+        raysim.resume(str(tmp_path / "empty"))
 
 
 def test_a_failed_run_replaces_the_earlier_run_and_says_it_failed(tmp_path):

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from raysim.cli import main
 from raysim.config import load_scenario
 from raysim.sweep.plan import parse_grid_options, split_values
+from raysim.sweep.results import code_version
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "scenarios" / "quickstart.yaml")
@@ -92,6 +93,21 @@ def test_a_point_written_with_every_key_is_still_its_completed_run(tmp_path, cap
     assert capsys.readouterr().err.count("skipped ") == 1
 
 
+def test_a_completed_run_the_sweep_saw_fail_runs_again(tmp_path, capsys):
+    """A run that completed in a point's directory after the sweep's own attempt failed (e.g. that
+    of a point left running by a killed sweep, which refused the next attempt) is not the sweep's:
+    the point runs again, and its row agrees with the skip."""
+    args = ("--grid", "execution.rounds=1", "--in-process", "--out", str(tmp_path))
+    assert sweep(*args) == 0
+    [measured] = tmp_path.glob("*/sweep_point.json")
+    measured.write_text(json.dumps(dict(json.loads(measured.read_text()), returncode=2)))
+    capsys.readouterr()
+    assert sweep(*args) == 0
+    err = capsys.readouterr().err
+    assert "skipped " not in err and err.count("start ") == 1, err
+    assert [r["status"] for r in table(tmp_path)] == ["completed"]
+
+
 def test_a_directory_holding_another_scenario_is_an_error(grid_sweep, capsys):
     files = sorted(p for p in grid_sweep.rglob("*") if p.is_file())
     before = [p.stat().st_mtime_ns for p in files]
@@ -136,13 +152,28 @@ def test_a_ray_point_in_process_gives_the_same_model(grid_sweep, tmp_path):
     (["--grid", "execution.rounds=1", "--parallel", "0"], "error: --parallel = 0: expected an integer >= 1"),
     (["--grid", "seed=1,2", "--repeat", "2"], "error: --repeat = 2: expected 1 when seed is a grid key"),
     (["--grid", "seed=1,2", "output.dir=x"], "error: output.dir = 'x': expected no override in a sweep"),
+    (["--grid", "algorithm.lr=0.1,0.10"], "error: grid key algorithm.lr = [0.1, 0.1]: expected distinct values "
+                                          "(0.1 is given twice)"),
+    (["--grid", "algorithm.lr=1,1.0"], "error: grid key algorithm.lr = [1, 1.0]: expected distinct values "
+                                       "(1 and 1.0 are both read as 1.0)"),
 ], ids=["unknown-key", "unknown-section", "wrong-type", "empty-values", "no-grid", "duplicate-key", "repeat-0",
-        "parallel-0", "seed-repeat", "output-dir-override"])
+        "parallel-0", "seed-repeat", "output-dir-override", "duplicate-value", "values-read-alike"])
 def test_bad_input_is_one_line_before_anything_is_created(tmp_path, capsys, args, expected):
     out = tmp_path / "out"
     assert sweep(*args, "--out", str(out)) == 2
     assert one_error_line(capsys.readouterr().err).startswith(expected)
     assert not out.exists()
+
+
+def test_the_code_version_is_the_commit_and_says_when_files_changed():
+    import raysim
+
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=Path(raysim.__file__).parent, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    assert code_version()["git_commit"] == git("rev-parse", "HEAD") + ("-dirty" if changed else "")
 
 
 def test_grid_values_split_at_top_level_commas():
@@ -199,6 +230,27 @@ def test_a_sweep_section_and_the_flags_that_override_it(tmp_path):
         [(0.2, [16], 0), (0.2, [8], 0)]
 
 
+@pytest.mark.parametrize("section, line", [
+    ("{grid: {}}", "error: sweep.grid = {}: expected at least one grid key"),
+    ("{grid: {seed: [0, 1]}, repeat: 2}", "error: sweep.repeat = 2: expected 1 when seed is a grid key")])
+def test_an_error_in_the_sweep_section_names_its_key(tmp_path, capsys, section, line):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"name: tiny\nsweep: {section}\n")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(line)
+
+
+@pytest.mark.parametrize("text, line", [
+    (None, "expected an existing YAML file"),
+    ("name: t\nsweep: grid: {}\n", "expected valid YAML (line 2, column 12: mapping values are not allowed here)")])
+def test_a_scenario_file_that_cannot_be_read_is_its_own_error(tmp_path, capsys, text, line):
+    path = tmp_path / "sweep.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert main(["sweep", str(path), "--grid", "algorithm.lr=0.1", "--out", str(tmp_path / "out")]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: scenario = {str(path)!r}: {line}"
+
+
 def test_submit_of_a_sweep_file_submits_the_sweep(tmp_path, monkeypatch):
     import actors.jobs
 
@@ -218,7 +270,7 @@ def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys
     held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:  # a lock written by another live process, as a running sweep holds it
         lock = OutputDir.open(str(out), create=True)
-        lock.claim()
+        lock.claim("sweep")
         record = dict(lock._lock, pid=held.pid, process_started=__import__("psutil").Process(held.pid).create_time())
         lock.release()
         from raysim.metrics.output import LOCK
@@ -226,7 +278,7 @@ def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys
         (out / LOCK).write_text(json.dumps(record))
         assert sweep("--grid", "execution.rounds=1", "--out", str(out)) == 2
         assert one_error_line(capsys.readouterr().err).startswith(f"error: --out = '{out}': expected a directory "
-                                                                  "no other live sweep uses")
+                                                                  f"no other live sweep is writing to (pid {held.pid} ")
         assert not (out / "sweep.parquet").exists()
     finally:
         held.kill()

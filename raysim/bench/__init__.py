@@ -123,13 +123,15 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
     ``asynchronous``, ``aggregators`` and ``scale`` run those benchmarks instead."""
     checkout = Path(baseline).resolve() if baseline else None
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if scale:
-        from raysim.bench.scale import run_scale_bench
+        from raysim.bench.scale import check_clients, run_scale_bench
 
+        check_clients(scale_clients)  # bad input: before anything is printed or created
+        out.mkdir(parents=True, exist_ok=True)
         print(f"raysim bench --scale on {os.cpu_count()} CPUs; each run in a fresh process")
         (out / "bench_scale.json").write_text(json.dumps(run_scale_bench(out, repeat, scale_clients), indent=2) + "\n")
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     if aggregators:
         from raysim.bench.aggregators import run_aggregator_bench
 

@@ -21,14 +21,20 @@ EVALUATED = 1000  # eval.clients on both sides: W1's whole population
 MEMORY_TARGET = 2 * 1024 * MIB
 
 
-def run_scale_bench(out: Path, repeat: int, clients: int = 1_000_000) -> dict:
-    """Run W1 with ``REFERENCE_CLIENTS`` and with ``clients`` registered clients ``repeat`` times each
-    (a fresh sweep: earlier results in ``out/scale`` are removed) and print the medians and ratios."""
+def check_clients(clients) -> None:
+    """``--clients`` must be an integer above W1's own population (ScenarioError)."""
     from raysim.errors import ScenarioError
-    from raysim.sweep import plan_sweep, run_sweep
 
     if isinstance(clients, bool) or not isinstance(clients, int) or clients <= REFERENCE_CLIENTS:
         raise ScenarioError("--clients", clients, f"an integer > {REFERENCE_CLIENTS:,} (W1's own population)")
+
+
+def run_scale_bench(out: Path, repeat: int, clients: int = 1_000_000) -> dict:
+    """Run W1 with ``REFERENCE_CLIENTS`` and with ``clients`` registered clients ``repeat`` times each
+    (a fresh sweep: earlier results in ``out/scale`` are removed) and print the medians and ratios."""
+    from raysim.sweep import plan_sweep, run_sweep
+
+    check_clients(clients)
     where = out / "scale"
     shutil.rmtree(where, ignore_errors=True)  # a benchmark measures now: it never reuses a finished point
     sweep = plan_sweep(str(SCENARIOS / "w1.yaml"), [f"data.num_clients={REFERENCE_CLIENTS},{clients}"],

@@ -29,6 +29,7 @@ class Checkpoint:
     log_rows: dict  # log file name -> rows it held
     tally: dict  # running totals for the summary (plain content, see raysim.engine.run.Tally)
     wall_seconds: float  # wall time of the scheduler when the state was taken
+    nbytes: int = 0  # the size of checkpoint.pt once saved or loaded
 
     @property
     def version(self) -> int:
@@ -42,15 +43,17 @@ class Checkpoint:
         torch.save({"format": FORMAT, "state": self.state.content(), "log_rows": self.log_rows,
                     "tally": self.tally, "wall_seconds": self.wall_seconds}, buffer)
         out.write_bytes(CHECKPOINT, buffer.getvalue())
-        return buffer.tell()
+        self.nbytes = buffer.tell()
+        return self.nbytes
 
     @classmethod
     def load(cls, out) -> Checkpoint:
         """Read ``checkpoint.pt`` of ``out`` (FileNotFoundError if there is none)."""
         with out.reader(CHECKPOINT) as stream:
-            content = torch.load(io.BytesIO(stream.read()), weights_only=True)
+            data = stream.read()
+        content = torch.load(io.BytesIO(data), weights_only=True)
         if content.get("format") != FORMAT:
             raise ValueError(f"{out.path(CHECKPOINT)} has checkpoint format {content.get('format')!r}, "
                              f"this raysim reads format {FORMAT}")
         return cls(RunState.from_content(content["state"]), content["log_rows"], content["tally"],
-                   content["wall_seconds"])
+                   content["wall_seconds"], len(data))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+import pyarrow.fs as pafs
 from omegaconf import OmegaConf
 
 from raysim.errors import ScenarioError
@@ -29,7 +30,7 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
     from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 
     for item in overrides:
-        name, _, value = item.partition("=")
+        name, _, value = item.removeprefix("~").partition("=")
         if not name.startswith(RESUMABLE_KEYS):
             raise ScenarioError(name, value, "a key that cannot change results when resuming "
                                 "(runtime.*, data.on_demand, data.cache_mb, output.flush_seconds, "
@@ -39,12 +40,14 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
     try:
         scenario = OmegaConf.create(out.read_bytes("scenario.yaml").decode())
     except FileNotFoundError:
-        raise ScenarioError("run_dir", run_dir, "the output directory of a run (it has no scenario.yaml)") from None
+        missing = out.fs.get_file_info(out.root).type == pafs.FileType.NotFound
+        raise ScenarioError("run_dir", run_dir, "the output directory of a run "
+                            f"({'there is no such directory' if missing else 'it has no scenario.yaml'})") from None
     try:
-        status = json.loads(out.read_bytes("summary.json")).get("status")
+        summary = json.loads(out.read_bytes("summary.json"))
     except FileNotFoundError:
-        status = None  # the driver was killed: it never wrote a summary
-    if status == "completed":
+        summary = {}  # the driver was killed: it never wrote a summary
+    if summary.get("status") == "completed":
         raise ScenarioError("run_dir", run_dir, "a run that has not completed (this one has: nothing to resume)")
     cfg = load_scenario(scenario, overrides)
     cfg.output.dir = run_dir  # the run goes on where it is, wherever it was started from
@@ -56,4 +59,7 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
     except Exception as exc:  # a damaged or foreign file
         first_line = re.sub(r"\x1b\[[0-9;]*m", "", str(exc).splitlines()[0])  # torch colours its messages
         raise ScenarioError("run_dir", run_dir, f"a readable {CHECKPOINT}: {first_line}") from None
+    taken, held = summary.get("checkpoints") or {}, checkpoint.tally["checkpoints"]
+    if taken.get("count") == held["count"] and "seconds" in taken:  # written after that checkpoint was:
+        held["seconds"] = taken["seconds"]  # with its seconds, which the checkpoint cannot hold
     return cfg, checkpoint

@@ -11,6 +11,7 @@ written after the checkpoint and produces them again, identically).
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -64,6 +65,16 @@ class Tally:
     diagnostics: dict = field(default_factory=dict)  # the last non-null value of each DIAGNOSTICS column
     checkpoints: dict = field(default_factory=lambda: {"count": 0, "seconds": 0.0, "bytes": 0})  # bytes: the last
 
+    @classmethod
+    def at(cls, checkpoint: Checkpoint | None) -> Tally:
+        """The totals ``checkpoint`` holds (a copy), with its own size, which it cannot hold; new
+        totals without one."""
+        if checkpoint is None:
+            return cls()
+        tally = cls(**copy.deepcopy(checkpoint.tally))
+        tally.checkpoints["bytes"] = checkpoint.nbytes
+        return tally
+
     def add(self, report: dict) -> None:
         """Count a scheduler report's events and rounds."""
         events = report["events"]
@@ -98,7 +109,7 @@ class Run:
         self.scheduler = None
         self.logs: dict = {}
         self.tensorboard = None  # output.tensorboard: the TensorBoardLog beside the logs
-        self.tally = Tally()
+        self.tally = Tally.at(checkpoint)  # what a summary says if the run stops before _restore
         state = None if checkpoint is None else checkpoint.state
         self.report = {"version": 0, "applied": 0, "last_eval": {}, "done": False} if state is None else \
             {"version": state.version, "applied": state.applied, "last_eval": dict(state.last_eval), "done": False}
@@ -144,7 +155,7 @@ class Run:
             from raysim.metrics.tensorboard import TensorBoardLog
 
             self.tensorboard = TensorBoardLog(self.out, {name: log.written for name, log in self.logs.items()})
-        self.tally = Tally() if checkpoint is None else Tally(**checkpoint.tally)
+        self.tally = Tally.at(checkpoint)
         self.scheduler = self.runtime.scheduler(self.scenario, self.prepared.dataset)
         if checkpoint is not None:
             self.scheduler.restore(checkpoint.state, checkpoint.wall_seconds)
@@ -215,11 +226,13 @@ class Run:
                           asdict(self.tally), self.report.get("wall", 0.0))
 
     def _save_checkpoint(self) -> None:
-        """Flush the logs, then write the run state with their row counts (``checkpoint.pt``)."""
+        """Flush the logs, then write the run state with their row counts (``checkpoint.pt``). The
+        tally it holds counts it, but not its seconds nor its size, known only once it is written
+        (:meth:`Tally.at` takes the size from the file, a resume the seconds from the summary)."""
         began = time.perf_counter()
         self._flush()
         taken = self.tally.checkpoints
-        taken["count"] += 1  # before it is taken: the checkpoint counts itself
+        taken["count"] += 1
         checkpoint = self._take_checkpoint()
         taken["bytes"] = checkpoint.save(self.out)
         self.checkpoint = checkpoint
@@ -234,7 +247,9 @@ class Run:
             raise RunError(f"{exc}; gave up after {SCHEDULER_RESTARTS} restarts") from None
         print(f"warning: {exc}; restarting it from server step {self.checkpoint.version} "
               f"(restart {self.restarts} of at most {SCHEDULER_RESTARTS})", file=sys.stderr)
+        taken = self.tally.checkpoints  # exact here, with the seconds the checkpoint cannot hold
         self._restore(self.checkpoint)
+        self.tally.checkpoints = taken
 
     # ------------------------------------------------------------------ the end
 

@@ -161,9 +161,9 @@ class OutputDir:
             if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):
                 self.remove(base)
 
-    def claim(self) -> "OutputDir":
-        """Take the directory for this run: write the lock file (pid, host, process and run start);
-        ``with out.claim(): …`` releases it at the end.
+    def claim(self, holder: str = "run") -> "OutputDir":
+        """Take the directory for this run (or another ``holder``: a sweep): write the lock file
+        (pid, host, process and run start, holder); ``with out.claim(): …`` releases it at the end.
 
         A lock held by a live run raises ScenarioError. A lock whose process is gone (same host:
         pid not running, or running with another start time) is stale and replaced. A lock from
@@ -171,7 +171,7 @@ class OutputDir:
         atomically; on other filesystems it is written if absent, then read back."""
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "process_started": psutil.Process().create_time(),
-                  "run_started": datetime.now().astimezone().isoformat(timespec="seconds")}
+                  "run_started": datetime.now().astimezone().isoformat(timespec="seconds"), "holder": holder}
         for _ in range(3):  # another run may take the lock between our look and our write
             held = self._read_lock()
             if held and held != self._lock and _running(held):
@@ -256,9 +256,10 @@ def _running(lock: dict) -> bool:
 
 
 def _held_text(lock: dict, lock_path: str) -> str:
-    """What output.dir must be, given the live run holding it."""
-    text = (f"a directory no other live run is writing to (pid {lock['pid']} on {lock['host']} "
+    """What output.dir must be, given the live run (or sweep) holding it."""
+    holder = lock.get("holder", "run")  # older raysims wrote no holder: runs
+    text = (f"a directory no other live {holder} is writing to (pid {lock['pid']} on {lock['host']} "
             f"has held it since {lock['run_started']}")
     if lock["host"] != socket.gethostname():
-        text += f"; if that run is gone, delete {lock_path}"
+        text += f"; if that {holder} is gone, delete {lock_path}"
     return text + ")"

@@ -128,7 +128,7 @@ def load_runs(run_dirs: list[str]) -> list[Run]:
     outs = [OutputDir.open(d, create=False) for d in run_dirs]
     for path, out in zip(run_dirs, outs):
         if out.fs.get_file_info(out.path("rounds.parquet")).type == pafs.FileType.NotFound:
-            raise ScenarioError("report", path, "a run directory with rounds.parquet and summary.json")
+            raise ScenarioError("report", path, "a run directory (one with rounds.parquet)")
     summaries = [_read_text(out, "summary.json", json.loads) for out in outs]
     labels = run_labels([s and s.get("name") for s in summaries], run_dirs)
     return [Run(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS),
@@ -274,11 +274,10 @@ def _lines_figure(runs: list[Run], x: str, columns: tuple[str, ...], title: str,
                for k, run in dict((k, run) for k, run, _, _ in lines).items()]  # one entry per run, in order
     if target is not None:
         handles.append(ax.axhline(target, color="black", linewidth=1, linestyle="-.", label=f"target {target:g}"))
-    legend = ax.legend(handles=handles, fontsize="small", loc="best")
-    if len(columns) > 1:  # which line style is which column
-        ax.add_artist(legend)
-        ax.legend(handles=[Line2D([], [], color="black", label=c, **_STYLES[c]) for c in columns
-                           if any(c == cc for _, _, cc, _ in lines)], fontsize="small", loc="upper right")
+    if len(columns) > 1:  # which line style is which column, in the same legend (two legends can overlap)
+        handles += [Line2D([], [], color="black", label=c, **_STYLES[c]) for c in columns
+                    if any(c == cc for _, _, cc, _ in lines)]
+    ax.legend(handles=handles, fontsize="small", loc="best")
     return fig
 
 

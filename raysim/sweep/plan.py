@@ -118,7 +118,8 @@ def read_scenario(path: str) -> tuple[object, dict]:
     (load_scenario reports what is wrong with it)."""
     try:
         content = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:  # a missing file, invalid YAML…: load_scenario says so in one line
+    except Exception:  # a missing file, invalid YAML…: load_scenario says so in one line, before the grid is read
+        load_scenario(path)
         return path, {}
     if not isinstance(content, dict) or "sweep" not in content:
         return path, {}
@@ -158,14 +159,16 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
     grid = {str(k): list(v) for k, v in (section.get("grid") or {}).items()}
     grid.update(parse_grid_options(grid_options))
     if not grid:
-        raise ScenarioError("--grid", [], "at least one grid key: --grid key=v1,v2,… or a sweep: section "
-                                          "with a grid in the scenario file")
+        key, value = ("sweep.grid", section["grid"]) if "grid" in section else ("--grid", [])
+        raise ScenarioError(key, value, "at least one grid key: --grid key=v1,v2,… or a sweep: section with a "
+                                        "grid in the scenario file")
     _check_grid(grid, overrides)
-    repeat = _integer("--repeat" if repeat is not None else "sweep.repeat", repeat, section.get("repeat", 1))
+    repeat_key = "--repeat" if repeat is not None else "sweep.repeat"
+    repeat = _integer(repeat_key, repeat, section.get("repeat", 1))
     parallel = _integer("--parallel" if parallel is not None else "sweep.parallel", parallel,
                         section.get("parallel", 1))
     if "seed" in grid and repeat > 1:
-        raise ScenarioError("--repeat", repeat, "1 when seed is a grid key (repeat r runs with seed + r: the "
+        raise ScenarioError(repeat_key, repeat, "1 when seed is a grid key (repeat r runs with seed + r: the "
                                                 "seeds of the grid and of the repeats would collide)")
     plots = parse_plots(section.get("plots") or [] if plots is None else plots, grid)
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
@@ -174,6 +177,7 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
     for r in range(repeat):
         for combo, name in zip(combos, names):
             points.append(_point(source, combo, f"{name},repeat={r}", r, overrides, first))
+    _check_read_apart(grid, combos, points[:len(combos)])
     out = out if out is not None else section.get("out")
     out = Path(out) if out else Path("results") / "sweeps" / str(points[0].cfg.name)
     for point in points:  # the output.dir of each: validated with the scenario's own (any path is)
@@ -214,6 +218,18 @@ def _check_grid(grid: dict, overrides) -> None:
         given = next(o for o in overrides if o.partition("=")[0].strip() in ("output", "output.dir"))
         raise ScenarioError(given.partition("=")[0].strip(), given.partition("=")[2],
                             "no override in a sweep (each point's output.dir is <out>/<point>; use --out)")
+
+
+def _check_read_apart(grid: dict, combos: list, points: list) -> None:
+    """Values of a grid key that the scenario reads alike (1 and 1.0 of a float key) would run one
+    point twice: a ScenarioError names the first two. ``points``: those of ``combos``, in order."""
+    for key, values in grid.items():
+        given_as = {}  # a value as the scenario holds it -> as the grid first gave it
+        for combo, point in zip(combos, points):
+            given, held = value_text(combo[key]), value_text(point.values[key])
+            if given_as.setdefault(held, given) != given:
+                raise ScenarioError(f"grid key {key}", values, f"distinct values ({given_as[held]} and {given} are "
+                                                               f"both read as {held})")
 
 
 def _point(source, combo: dict, name: str, repeat: int, overrides, first: dict) -> Point:

@@ -3,7 +3,7 @@
 A point's directory holds its run's files and ``sweep_point.json`` (:data:`MEASURED`), written
 once the point has run: exit status, wall seconds and peak RSS as the sweep measured them, the
 mode that ran it and the code version. A point is done when its summary says ``completed``,
-its ``scenario.yaml`` is the point's scenario and that file is there.
+its ``scenario.yaml`` is the point's scenario and that file says the sweep saw it exit with 0.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ _TYPES = {"repeat": pa.int64(), "status": pa.string(), **{m: pa.float64() for m 
 
 def code_version() -> dict:
     """``raysim_version`` (``raysim.__version__``) and ``git_commit`` (HEAD of the git checkout
-    the package lies in; None when it lies in none or git is missing)."""
+    the package lies in, with ``-dirty`` when its tracked files have changes; None when it lies in
+    none or git is missing)."""
     import raysim
 
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(raysim.__file__).parent, capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(["git", "describe", "--always", "--abbrev=40", "--dirty", "--exclude=*"],
+                              cwd=Path(raysim.__file__).parent, capture_output=True, text=True, timeout=10)
         commit = head.stdout.strip() if head.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         commit = None
@@ -88,8 +89,14 @@ def is_done(point) -> bool:
         raise ScenarioError("sweep point", str(point.dir), f"a directory of this point's runs only; it holds a run "
                             f"of another scenario ({key}: {theirs.get(key, 'unset')!r} there, "
                             f"{ours.get(key, 'unset')!r} here): remove it or choose another --out")
-    summary = _json(point.dir / "summary.json") or {}
-    return summary.get("status") == "completed" and (point.dir / MEASURED).is_file()
+    return _status(point) == "completed"
+
+
+def _status(point) -> str:
+    """The summary's status of the point's run if the sweep saw that run exit with 0, else 'failed'."""
+    if (_json(point.dir / MEASURED) or {}).get("returncode") != 0:
+        return "failed"
+    return (_json(point.dir / "summary.json") or {}).get("status", "failed")
 
 
 def _comparable(scenario, num_cpus) -> dict:
@@ -110,7 +117,7 @@ def point_row(point) -> dict:
 
     measured = _json(point.dir / MEASURED) or {}
     summary = _json(point.dir / "summary.json") or {}
-    status = summary.get("status", "failed") if measured.get("returncode") == 0 else "failed"
+    status = _status(point)
     row = {**point.values, "repeat": point.repeat, "status": status, **{m: None for m in METRICS},
            "wall_seconds": measured.get("wall_seconds"), "peak_rss_bytes": measured.get("peak_rss_bytes"),
            "mode": measured.get("mode"), "output_dir": str(point.dir),

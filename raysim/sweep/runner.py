@@ -54,9 +54,9 @@ def _claimed(out: Path):
 
     directory = OutputDir.open(str(out), create=True)
     try:
-        directory.claim()
+        directory.claim("sweep")
     except ScenarioError as exc:
-        raise ScenarioError("--out", str(out), f"a directory no other live sweep uses ({exc.allowed})") from None
+        raise ScenarioError("--out", str(out), exc.allowed) from None
     try:
         yield
     finally:
