@@ -28,7 +28,8 @@ class FedNova(Algorithm):
     def client_update(self, payloads, ctx):
         start = ctx.start(payloads)
         plan = ctx.plan_from(self.cfg)
-        step = ctx.transform(plan, self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        step = ctx.transform(plan, self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                             max_grad_norm=self.cfg.max_grad_norm)
         result = local_train(start, ctx.oracle(plan), step)
         steps = torch.as_tensor(result.steps, dtype=start.dtype).clamp_min(1)[:, None]
         return ctx.updates(result, (start - result.params) / steps, extras={"steps": steps})

@@ -139,7 +139,8 @@ def test_noise_and_unreliable_steps_reach_every_algorithm(tmp_path, name):
     (["algorithm.server_betas=[0.9,0.9]"],
      "algorithm.server_betas = [0.9, 0.9]: expected no setting (it applies only with algorithm.server_optimizer "
      "in {adam, yogi, adagrad} (here algorithm.server_optimizer = 'sgd'))"),
-    (["algorithm.prox_mu=0.1"], "algorithm.prox_mu = 0.1: expected a key of algorithm.name=fedavg; allowed here: "),
+    (["algorithm.prox_mu=0.1"], "algorithm.prox_mu = 0.1: expected a key of algorithm.name=fedavg (prox_mu is a "
+                                "key of fedprox); allowed here: "),
     (["algorithm.name=fedacg", "algorithm.server_optimizer=adam"],
      "algorithm.server_optimizer = 'adam': expected a key of algorithm.name=fedacg"),
     (["algorithm.name=fedavgm", "algorithm.server_optimizer=adam"],

@@ -189,3 +189,21 @@ def test_a_task_builds_its_clients_statistics_once(tmp_path, monkeypatch):
     params = torch.zeros(9, dtype=torch.float64)
     host.run({0: {"params": params}}, [Task("train", (1, 2, 5), (0, 0, 0), (0, 0, 0))])
     assert sorted(built) == [1, 2, 5]
+
+
+@pytest.mark.parametrize("override, shown, idle", [
+    ("algorithm.weight_decay=0.1", "0.1", "0.0"), ("algorithm.max_grad_norm=1", "1.0", "null"),
+    ("system.unreliable.gradient_noise=gaussian", "'gaussian'", '"none"'),
+    ("system.unreliable.participation.value=0.5", "0.5", "1.0"),
+    ("system.unreliable.normalize_steps=true", "True", "false")])
+def test_ffgg_with_a_solved_w_refuses_what_acts_on_local_steps(tmp_path, override, shown, idle):
+    key = override.split("=")[0]
+    for finetuner in ("cg", "exact"):
+        with pytest.raises(ScenarioError) as refused:
+            small_scenario(tmp_path, *QUADRATIC, f"algorithm.finetuner={finetuner}", "algorithm.local_steps=3", override)
+        assert str(refused.value) == (f"{key} = {shown}: expected {idle} with algorithm.finetuner={finetuner}: FFGG "
+                                      "then takes no local step (w is solved for, θ's gradient is exact)")
+    # Local FFGG's alternating steps after the solve, and FFGG's sgd fine-tuning, take them
+    small_scenario(tmp_path, *QUADRATIC, "algorithm.name=local_ffgg", "algorithm.finetuner=cg",
+                   "algorithm.local_steps=3", override)
+    small_scenario(tmp_path, *QUADRATIC, "algorithm.local_steps=3", override)

@@ -12,11 +12,13 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from raysim.errors import ScenarioError
 from raysim.system.config import byzantine_count
@@ -291,11 +293,10 @@ class FedDynKeys(ServerLrKeys, MinibatchKeys):
 class FedACGKeys(AggregatorKeys, ServerLrKeys, MinibatchKeys):
     """FedACG: server momentum, a lookahead broadcast and a proximal pull toward it."""
 
-    acg_lambda: float = key(0.85, "λ: server momentum m ← λ·m + Δ and lookahead θ + λ·m sent to clients",
-                            check=unit_interval)
-    acg_beta: float = key(0.01, "β of the proximal term (β/2)‖v − (θ + λm)‖²", check=non_negative)
-    acg_lookahead: bool = key(True, "send θ + λm (false: send θ; the paper's ablation without the "
-                                    "accelerated start)")
+    acg_lambda: float = key(0.85, "λ: server momentum m ← λ·m + Δ (Δ: the broadcast model minus the client's) "
+                                  "and the lookahead Φ = θ − server_lr·λ·m sent to clients", check=unit_interval)
+    acg_beta: float = key(0.01, "β of the proximal term (β/2)‖v − Φ‖²", check=non_negative)
+    acg_lookahead: bool = key(True, "send Φ (false: send θ; the paper's ablation without the accelerated start)")
 
 
 @dataclass
@@ -309,6 +310,15 @@ class FFGGKeys(AggregatorKeys, QuadraticUnitKeys, ServerKeys, MinibatchKeys):
 
     @staticmethod
     def check(cfg) -> None:
+        FFGGKeys.check_split(cfg)
+        a = cfg.algorithm
+        if a.finetuner in ("cg", "exact"):
+            refuse_step_transforms(cfg, f"algorithm.finetuner={a.finetuner}: FFGG then takes no local step (w is "
+                                        "solved for, θ's gradient is exact)")
+
+    @staticmethod
+    def check_split(cfg) -> None:
+        """The model's split, the fine-tuner and the local step count fit the data (FFGG and Local FFGG)."""
         a, m = cfg.algorithm, cfg.model
         quadratic = cfg.data.kind == "quadratic"
         personal = m.personal if isinstance(m.personal, str) else list(m.personal)
@@ -334,7 +344,7 @@ class LocalFFGGKeys(FFGGKeys):
 
     @staticmethod
     def check(cfg) -> None:
-        FFGGKeys.check(cfg)
+        FFGGKeys.check_split(cfg)  # a solved w is followed by local steps: their transforms apply
         if cfg.data.kind == "quadratic":
             require_local_steps(cfg, "its alternating steps on w and θ need a count")
         rounds, e = cfg.algorithm.pretrain_rounds, cfg.execution
@@ -416,6 +426,23 @@ def perfedavg_batches(a) -> dict:
     if a.variant != "fo":
         batches["hessian_batch_size"] = a.hessian_batch_size or outer
     return batches
+
+
+def refuse_step_transforms(cfg, why: str) -> None:
+    """An algorithm that takes no local step here (``why``) refuses what would act on local steps:
+    weight decay, clipping and the unreliable-agent model's coins, step counts and noise."""
+    a, u = cfg.algorithm, cfg.system.unreliable
+    p = u.participation
+    for name, value, idle in (("algorithm.weight_decay", a.weight_decay, 0.0),
+                              ("algorithm.max_grad_norm", a.max_grad_norm, None),
+                              ("system.unreliable.participation.kind", p.kind, "constant"),
+                              ("system.unreliable.participation.value", p.value if p.kind == "constant" else 1.0, 1.0),
+                              ("system.unreliable.local_steps", u.local_steps, None),
+                              ("system.unreliable.gradient_noise", u.gradient_noise, "none"),
+                              ("system.unreliable.normalize_steps", u.normalize_steps, False)):
+        if value != idle:
+            raise ScenarioError(name, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
+                                f"{json.dumps(idle)} with {why}")
 
 
 def require_local_steps(cfg, why: str) -> None:
