@@ -67,7 +67,8 @@ class DataConfig:
 
     kind: str = key("gaussian_mixture", "the data set: a built-in kind (raysim list: datasets) or "
                                         "package.module:function")
-    num_clients: int = key(100, "clients to generate or split into (parquet, leaf: the files decide)")
+    num_clients: int = key(100, "clients to generate or split into (parquet, leaf: the files decide)",
+                           when=when("data.kind", *CLIENTS_FROM_FILES, negate=True))
     n: int = key(10000, "quadratic: rows of each client's matrices", check=positive_int, when=QUADRATIC)
     d_theta: int = key(100, "quadratic: size of the global part θ", check=positive_int, when=QUADRATIC)
     d_w: int = key(50, "quadratic: size of the personal part w", check=positive_int, when=QUADRATIC)

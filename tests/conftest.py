@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from raysim.config import load_scenario
+from raysim.data.files import CLIENTS_FROM_FILES
 
 # 4 logical CPUs (so 4 one-CPU actors fit on this 2-core machine) and 1 logical GPU
 # (fractional-GPU placement is checked without hardware).
@@ -39,9 +40,11 @@ def small_scenario(tmp_path, *overrides, backend="local"):
 def small_overrides(tmp_path, *overrides, backend="local") -> list:
     """The ``key=value`` list that :func:`small_scenario` loads (for command lines)."""
     chosen = dict(o.split("=", 1) for o in overrides)
-    base = ["name=small", "data.kind=gaussian_mixture", "data.num_clients=40", "model.kind=mlp",
+    base = ["name=small", "data.kind=gaussian_mixture", "model.kind=mlp",
             "runtime.clients_per_task=5", f"runtime.backend={backend}", f"output.dir={tmp_path}/out",
             "eval.every=1", "output.flush_seconds=0"]
+    if chosen.get("data.kind") not in CLIENTS_FROM_FILES:  # else the files decide the clients
+        base.append("data.num_clients=40")
     if chosen.get("model.kind", "mlp") == "mlp":
         base.append("model.hidden=[16]")
     if chosen.get("execution.mode", "sync") == "sync":

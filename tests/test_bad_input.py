@@ -50,6 +50,9 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
+PARQUET = ["data.kind=parquet", "~data.num_clients"]  # the quickstart on files, which decide the clients
+
+
 def write_parquet(path: Path, **columns) -> str:
     base = {"client_id": [0, 0, 1, 1], "f0": [0.5, 1.0, 1.5, 2.0], "label": [0, 1, 1, 0]}
     pq.write_table(pa.table({**base, **columns}), path)
@@ -78,7 +81,7 @@ def test_run_refuses_in_a_real_process_and_writes_nothing(tmp_path, override, ex
 def test_parquet_label_far_too_large_is_refused_in_a_real_process(tmp_path):
     path = write_parquet(tmp_path / "d.parquet", label=[0, 2 ** 40, 1, 0])
     out = tmp_path / "out"
-    proc = cli("run", QUICKSTART, "data.kind=parquet", f"data.path={path}", "execution.clients_per_round=1",
+    proc = cli("run", QUICKSTART, *PARQUET, f"data.path={path}", "execution.clients_per_round=1",
                f"output.dir={out}")
     assert proc.returncode == 2
     assert one_error_line(proc.stderr) == (f"error: data.path = '{path}': expected class labels in [0, 1048575] "
@@ -198,7 +201,7 @@ def test_scenario_file_without_keys_or_with_a_syntax_error(tmp_path, capsys, tex
 def test_parquet_features_must_be_finite(tmp_path, capsys, column, values, shown):
     path = write_parquet(tmp_path / "d.parquet", **{column: values})
     out = tmp_path / "out"
-    line = run_main(capsys, "run", QUICKSTART, "runtime.backend=local", "data.kind=parquet", f"data.path={path}",
+    line = run_main(capsys, "run", QUICKSTART, "runtime.backend=local", *PARQUET, f"data.path={path}",
                     "execution.clients_per_round=1", f"output.dir={out}")
     assert line == (f"error: data.path = '{path}': expected finite feature values within float32's range "
                     f"(column {column!r} holds {shown})")
@@ -228,7 +231,7 @@ def test_parquet_list_column_and_negative_labels(tmp_path):
 ])
 def test_parquet_lines_name_the_file_and_the_column(tmp_path, capsys, columns, allowed):
     path = write_parquet(tmp_path / "d.parquet", **columns)
-    assert run_main(capsys, "validate", QUICKSTART, "data.kind=parquet", f"data.path={path}") == (
+    assert run_main(capsys, "validate", QUICKSTART, *PARQUET, f"data.path={path}") == (
         f"error: data.path = '{path}': expected {allowed}")
 
 
@@ -482,3 +485,14 @@ def test_parameter_count_of_the_benchmark_models(kind, shape, classes, personal)
 
     model_cfg = ModelConfig(kind=kind, personal=personal)
     assert parameter_count(model_cfg, shape, classes)[0] == build_model(model_cfg, shape, classes, 0).size
+
+
+def test_parquet_files_of_one_directory_must_have_the_same_columns(tmp_path, capsys):
+    """The data set would take the first file's columns and drop (or fill with nulls) the others'."""
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_parquet(folder / "a.parquet")
+    write_parquet(folder / "b.parquet", f9=[0.0, 1.0, 2.0, 3.0])
+    assert run_main(capsys, "validate", QUICKSTART, *PARQUET, f"data.path={folder}") == (
+        f"error: data.path = '{folder}': expected Parquet files with the same columns (b.parquet and a.parquet "
+        "differ in f9)")

@@ -121,6 +121,13 @@ def test_a_robust_aggregator_resists_sign_flip_where_the_mean_fails(tmp_path):
     (["algorithm.aggregator=krum", "execution.clients_per_round=2"],
      "algorithm.aggregator = 'krum': expected a rule other than krum for steps of n=2 inputs "
      "(execution.clients_per_round=2): it needs at least 3"),
+    (["algorithm.aggregator=median", "algorithm.bucket_size=20"],
+     "algorithm.aggregator = 'median': expected a rule other than median for steps of n=1 inputs "
+     "(execution.clients_per_round=20 in buckets of algorithm.bucket_size=20): it needs at least 2"),
+    (["execution.mode=async", "execution.max_updates=50", "~execution.rounds", "~execution.clients_per_round",
+      "algorithm.aggregator=geometric_median"],
+     "algorithm.aggregator = 'geometric_median': expected a rule other than geometric_median for steps of n=1 "
+     "inputs (execution.aggregation=fedasync: one update per step): it needs at least 2"),
     (["system.byzantine.fraction=0.001"], "system.byzantine.fraction = 0.001: expected 0, or a share that marks at "
                                           "least one of the data.num_clients=100 clients (round(fraction × clients) "
                                           "Byzantine clients)"),

@@ -261,7 +261,7 @@ def scenario(tmp_path: Path, kind: str, path: Path, model: str = "logreg", **exe
                "model": {"kind": model}, "algorithm": {"name": "fedavg", "lr": 0.1, "batch_size": 4},
                "execution": {"rounds": 1, "clients_per_round": 2, **execution}, "runtime": {"backend": "local"},
                "output": {"dir": str(tmp_path / "out")}}
-    if kind == "leaf":
+    if kind in ("leaf", "parquet"):  # their files decide the clients
         del content["data"]["num_clients"]
     target = tmp_path / "scenario.yaml"
     target.write_text(yaml.safe_dump(content))
@@ -355,15 +355,18 @@ def test_run_a_cnn_on_a_tiny_fake_mnist(tmp_path):
     assert rounds.num_rows == 2  # one row per round
 
 
-def test_leaf_users_decide_the_clients_not_data_num_clients(tmp_path):
+def test_leaf_users_decide_the_clients_and_data_num_clients_is_refused(tmp_path):
     users = {f"w{i}": femnist_rows(i / 4, 3, i) for i in range(3)}
     path = write_json(tmp_path / "leaf" / "all.json", leaf_json(users))
     file = scenario(tmp_path, "leaf", path)
-    for args in (["validate"], ["run", "--quiet"]):
-        proc = raysim(*args, file, "execution.clients_per_round=3", "data.num_clients=2")
-        assert proc.returncode == 0, proc.stderr
+    proc = raysim("validate", file, "data.num_clients=2")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: data.num_clients = 2: expected no setting (it applies only with data.kind not in {parquet, leaf} "
+        "(here data.kind = 'leaf'))"]
+    proc = raysim("run", "--quiet", file, "execution.clients_per_round=3")
+    assert proc.returncode == 0, proc.stderr
     assert pq.read_table(tmp_path / "out" / "rounds.parquet").num_rows == 1
-    proc = raysim("run", file, "--quiet", "execution.clients_per_round=4", "data.num_clients=2")
+    proc = raysim("run", file, "--quiet", "execution.clients_per_round=4")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: execution.clients_per_round = 4: expected an integer in [1, 3] (the data set's number of clients)"]

@@ -42,6 +42,7 @@ AGGREGATOR_DOCS = {  # the names of raysim.aggregators.AGGREGATORS (torch-free h
 }
 AGGREGATOR_NAMES = tuple(AGGREGATOR_DOCS)
 KRUM_FAMILY = ("krum", "multi_krum", "bulyan")
+COMPARING = ("median", "trimmed_mean", "geometric_median")  # rules that return a single input as it is
 betas = Check(lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)")
 
@@ -173,9 +174,10 @@ def default_f(share: float, updates: int) -> int:
 
 
 def check_aggregator(cfg, num_clients: int) -> None:
-    """The aggregator exists, and Krum, multi-Krum and Bulyan have enough inputs for their f and m
+    """The aggregator exists; the median, trimmed mean and geometric median have two inputs or more
     in a full step (``clients_per_round`` updates, or ``buffer_size`` under FedBuff, divided into
-    buckets) of a population of ``num_clients``."""
+    buckets), and Krum, multi-Krum and Bulyan enough for their f and m, of a population of
+    ``num_clients``."""
     a, e, b = cfg.algorithm, cfg.execution, cfg.system.byzantine
     if ":" in a.aggregator:
         from raysim.catalog import import_callable
@@ -187,7 +189,8 @@ def check_aggregator(cfg, num_clients: int) -> None:
     if a.aggregator not in AGGREGATOR_NAMES:
         raise ScenarioError("algorithm.aggregator", a.aggregator,
                             "one of " + ", ".join(sorted(AGGREGATOR_NAMES)) + ", or package.module:function")
-    if a.aggregator not in KRUM_FAMILY:
+    least = 3 if a.aggregator in KRUM_FAMILY else 2 if a.aggregator in COMPARING else 0
+    if not least:
         return
     if e.mode == "sync":
         updates, where = e.clients_per_round, f"execution.clients_per_round={e.clients_per_round}"
@@ -198,10 +201,11 @@ def check_aggregator(cfg, num_clients: int) -> None:
     n = -(-updates // a.bucket_size)
     if a.bucket_size > 1:
         where += f" in buckets of algorithm.bucket_size={a.bucket_size}"
-    least = 3
     if n < least:
         raise ScenarioError("algorithm.aggregator", a.aggregator, f"a rule other than {a.aggregator} for steps of "
                                                                   f"n={n} inputs ({where}): it needs at least {least}")
+    if a.aggregator not in KRUM_FAMILY:
+        return
     if a.byzantine_f is not None:
         key_f, f, value, derived = "algorithm.byzantine_f", a.byzantine_f, a.byzantine_f, ""
     else:

@@ -22,7 +22,7 @@ DATA_FILES: dict[str, str] = {  # data.kind -> what data.path must name
     "cifar100": "directory of the CIFAR-100 binary files",
 }
 PARTITIONED_FILES = ("mnist", "fashion_mnist", "cifar10", "cifar100")  # centralized sets that data.partition splits
-CLIENTS_FROM_FILES = ("parquet", "leaf")  # kinds whose files decide the clients (data.num_clients is ignored):
+CLIENTS_FROM_FILES = ("parquet", "leaf")  # kinds whose files decide the clients (data.num_clients is refused):
 # their client counts are checked in simulation.prepare once the data set is read
 
 

@@ -167,8 +167,14 @@ def _open(path, label_column: str, client_column: str, feature_columns) -> tuple
         raise ScenarioError("data.path", path, "an existing Parquet file or directory")
     try:
         dataset = pq.ParquetDataset(path)
+        schemas = [set(pq.read_schema(f, filesystem=dataset.filesystem).names) for f in dataset.files]
     except (pa.ArrowException, OSError) as exc:
         raise _unreadable(path, exc) from None
+    for file, columns in zip(dataset.files[1:], schemas[1:]):  # a directory: the data set takes the first file's
+        if columns != schemas[0]:
+            differ = ", ".join(sorted(columns ^ schemas[0]))
+            raise ScenarioError("data.path", path, f"Parquet files with the same columns ({os.path.relpath(file, path)} "
+                                                   f"and {os.path.relpath(dataset.files[0], path)} differ in {differ})")
     names = dataset.schema.names
     for key, column in (("data.label_column", label_column), ("data.client_column", client_column)):
         if column not in names:
