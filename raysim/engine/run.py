@@ -109,7 +109,7 @@ class Run:
         self.scheduler = None
         self.logs: dict = {}
         self.tensorboard = None  # output.tensorboard: the TensorBoardLog beside the logs
-        self.tally = Tally.at(checkpoint)  # what a summary says if the run stops before _restore
+        self.tally = Tally.at(checkpoint)  # a lost scheduler's restart goes back to the checkpoint's (_recover)
         state = None if checkpoint is None else checkpoint.state
         self.report = {"version": 0, "applied": 0, "last_eval": {}, "done": False} if state is None else \
             {"version": state.version, "applied": state.applied, "last_eval": dict(state.last_eval), "done": False}
@@ -155,7 +155,6 @@ class Run:
             from raysim.metrics.tensorboard import TensorBoardLog
 
             self.tensorboard = TensorBoardLog(self.out, {name: log.written for name, log in self.logs.items()})
-        self.tally = Tally.at(checkpoint)
         self.scheduler = self.runtime.scheduler(self.scenario, self.prepared.dataset)
         if checkpoint is not None:
             self.scheduler.restore(checkpoint.state, checkpoint.wall_seconds)
@@ -249,6 +248,7 @@ class Run:
               f"(restart {self.restarts} of at most {SCHEDULER_RESTARTS})", file=sys.stderr)
         taken = self.tally.checkpoints  # exact here, with the seconds the checkpoint cannot hold
         self._restore(self.checkpoint)
+        self.tally = Tally.at(self.checkpoint)
         self.tally.checkpoints = taken
 
     # ------------------------------------------------------------------ the end
