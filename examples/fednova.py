@@ -3,7 +3,8 @@ Optimization", NeurIPS 2020), written as a user would, outside the raysim packag
 
 Clients that take different numbers of local steps τ_i pull FedAvg toward the objectives of the
 busiest clients. FedNova's clients send their update divided by τ_i; the server rescales the
-weighted mean of these normalised updates by τ_eff = Σ_i p_i τ_i.
+weighted mean of these normalised updates by τ_eff = Σ_i p_i τ_i, p_i the step's aggregation
+weights scaled to sum to 1 (asynchronous steps weight updates by staleness).
 """
 
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ class FedNova(Algorithm):
         return ctx.updates(result, (start - result.params) / steps, extras={"steps": steps})
 
     def server_direction(self, state, aggregate, updates, weights):
-        tau_eff = float(np.dot(weights, updates.extras["steps"][:, 0].double().numpy()))
+        steps = updates.extras["steps"][:, 0].double().numpy()
+        tau_eff = float(np.dot(weights, steps) / np.sum(weights))  # asynchronous weights need not sum to 1
         return tau_eff * aggregate, state.extra, {}
 
     def upload_size(self, payload):

@@ -21,7 +21,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
-from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES, PARTITIONED_FILES
+from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES, PARTITIONED_FILES, own_split
 from raysim.data.generated import LAWS
 from raysim.errors import ScenarioError
 from raysim.algorithms.keys import check_aggregator
@@ -36,6 +36,7 @@ SPLIT_KINDS = ("digits", "blobs", *PARTITIONED_FILES)  # centralized data sets t
 SPLIT = when("data.kind", *SPLIT_KINDS)
 ON_DEMAND = when("data.kind", *LAWS, "quadratic")  # generated kinds: a client's data can be built where it trains
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
+EMBEDDED = when("runtime.address", None)  # a cluster joined at runtime.address declares its own resources
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 PATH_PARTS = re.compile(r"([^.\[\]]+)|\[(\d+)\]")  # a dotted key's names and list indices: model.hidden[1]
 
@@ -81,7 +82,7 @@ class DataConfig:
                     when=LEAF)
     test_fraction: float = key(0.2, "share of each client's rows held out for testing (gaussian_mixture always "
                                     "holds out 10 rows, quadratic none; leaf and parquet only without their own "
-                                    "split)")
+                                    "split)", when=when("data.kind", "gaussian_mixture", "quadratic", negate=True))
     partition: PartitionConfig = key(doc="digits, blobs, mnist, fashion_mnist, cifar10, cifar100: the split across "
                                          "clients", factory=PartitionConfig, when=SPLIT)
     num_samples: int = key(20000, "blobs: samples in the centralized set", when=BLOBS)
@@ -176,8 +177,10 @@ class RuntimeConfig:
                                      "whole number")
     address: Optional[str] = key(None, "a Ray cluster to join (auto, HOST:6379, ray://...); null: start an embedded "
                                        "local Ray (inside a Ray job: join the job's cluster)")
-    num_cpus: Optional[int] = key(None, "embedded Ray: CPUs to declare (null: all)", check=positive_int)
-    num_gpus: Optional[float] = key(None, "embedded Ray: GPUs to declare (null: the CUDA devices found)")
+    num_cpus: Optional[int] = key(None, "embedded Ray: CPUs to declare (null: all)", check=positive_int,
+                                  when=EMBEDDED)
+    num_gpus: Optional[float] = key(None, "embedded Ray: GPUs to declare (null: the CUDA devices found)",
+                                    when=EMBEDDED)
     clients_per_task: Any = key("auto", "clients trained together (vectorized) in one task: a positive integer, or "
                                         "auto (sync: a quarter of clients_per_round, at most 25; async: an eighth of "
                                         "concurrency, at most 100)")
@@ -674,6 +677,8 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
 
     for path in explicit:
         why = _ignored(cfg, keys, path)
+        if why is None and path == "data.test_fraction":
+            why = own_split(d.kind, d.path)
         if why is not None:
             value = OmegaConf.select(cfg, path)
             unset = f"; ~{path.split('[')[0]} unsets it" if path in unsettable else ""  # a list: all of it

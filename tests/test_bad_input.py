@@ -137,6 +137,10 @@ def run_main(capsys, *args) -> str:
      "algorithm.batch_size = 100000000000000000000: expected a positive integer (at most 9223372036854775807)"),
     (["data.num_clients=3000000000"], "data.num_clients = 3000000000: expected an integer in [1, 2147483647]"),
     (["runtime.torch_threads=100000"], "runtime.torch_threads = 100000: expected an integer in [1, 1024]"),
+    (["runtime.address=auto", "runtime.num_cpus=2"], "runtime.num_cpus = 2: expected no setting (it applies only "
+                                                     "with runtime.address = null (here runtime.address = 'auto'))"),
+    (["data.test_fraction=0.5"], "data.test_fraction = 0.5: expected no setting (it applies only with data.kind not "
+                                 "in {gaussian_mixture, quadratic} (here data.kind = 'gaussian_mixture'))"),
 ])
 def test_validate_prints_one_line(capsys, overrides, line):
     assert run_main(capsys, "validate", QUICKSTART, *overrides) == f"error: {line}"
@@ -485,6 +489,31 @@ def test_parameter_count_of_the_benchmark_models(kind, shape, classes, personal)
 
     model_cfg = ModelConfig(kind=kind, personal=personal)
     assert parameter_count(model_cfg, shape, classes)[0] == build_model(model_cfg, shape, classes, 0).size
+
+
+@pytest.mark.parametrize("columns, override, line", [
+    ({"split": ["train", "test"] * 2}, "data.test_fraction=0.3",
+     "data.test_fraction = 0.3: expected no setting (data.path has a 'split' column, which splits the rows)"),
+    ({}, "data.feature_columns=[f0,label]",
+     "data.feature_columns = ['f0', 'label']: expected columns other than the label column ('label')"),
+    ({"split": ["train", "test"] * 2}, "data.feature_columns=[split]",
+     "data.feature_columns = ['split']: expected columns other than the train/test split ('split')"),
+])
+def test_parquet_keys_the_file_makes_idle_or_wrong(tmp_path, capsys, columns, override, line):
+    path = write_parquet(tmp_path / "d.parquet", **columns)
+    assert run_main(capsys, "validate", QUICKSTART, *PARQUET, f"data.path={path}", override) == f"error: {line}"
+
+
+def test_test_fraction_with_leafs_own_split_is_refused(tmp_path, capsys):
+    from test_loaders import femnist_rows, leaf_json, write_json
+
+    for split in ("train", "test"):
+        write_json(tmp_path / "leaf" / split / "a.json", leaf_json({"w": femnist_rows(0.5, 2, 1)}))
+    args = ("validate", QUICKSTART, "data.kind=leaf", "~data.num_clients", f"data.path={tmp_path / 'leaf'}",
+            "execution.clients_per_round=1")
+    assert run_main(capsys, *args, "data.test_fraction=0.3") == (
+        "error: data.test_fraction = 0.3: expected no setting (data.path has train/ and test/, LEAF's own split)")
+    assert main(list(args)) == 0
 
 
 def test_parquet_files_of_one_directory_must_have_the_same_columns(tmp_path, capsys):

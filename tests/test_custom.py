@@ -65,10 +65,18 @@ def test_fednova_example_runs_through_the_cli():
     assert 0.25 < summary["final_test_accuracy"] <= 1  # chance is 0.1
 
 
-def test_fednova_with_equal_local_steps_is_fedavg(tmp_path, monkeypatch):
-    """Every client takes τ steps: τ_eff·mean(Δ_i/τ) = mean(Δ_i)."""
+ASYNC_STALENESS = ["execution.mode=async", "execution.max_updates=30", "execution.staleness.kind=polynomial",
+                   "execution.staleness.a=1"]
+
+
+@pytest.mark.parametrize("mode", [[], ASYNC_STALENESS, [*ASYNC_STALENESS, "execution.aggregation=fedbuff",
+                                                        "execution.buffer_size=3"]],
+                         ids=["sync", "fedasync", "fedbuff"])
+def test_fednova_with_equal_local_steps_is_fedavg(tmp_path, monkeypatch, mode):
+    """Every client takes τ steps: τ_eff·mean(Δ_i/τ) = mean(Δ_i), also when staleness weights
+    (which need not sum to 1) weight the updates."""
     monkeypatch.syspath_prepend(str(REPO))
-    common = ["algorithm.local_steps=4", "eval.every=0"]
+    common = ["algorithm.local_steps=4", "eval.every=0", *mode]
     nova = raysim.run(small_scenario(tmp_path / "nova", *common, "algorithm.name=examples.fednova:FedNova"))
     avg = raysim.run(small_scenario(tmp_path / "avg", *common))
     x = torch.randn(5, 60)

@@ -124,6 +124,21 @@ def test_scaffold_removes_client_drift_that_local_gd_keeps(tmp_path):
     assert runs["scaffold"] < 1e-6 < runs["localgd"]
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_scaffold_control_variate_divides_by_the_steps_taken(tmp_path, normalize):
+    """Option II on a first visit (c = c_i = 0): c_i⁺ = (x − y)/(K·η), η the step the client took:
+    lr, or lr/K when ``normalize_steps`` divides it by the client's K local steps."""
+    lr, steps = 0.05, 4
+    cfg = small_scenario(tmp_path, *QUADRATIC, "model.personal=none", "algorithm.name=scaffold",
+                         "algorithm.lr_unit=absolute", f"algorithm.lr={lr}", f"algorithm.local_steps={steps}",
+                         f"system.unreliable.normalize_steps={str(normalize).lower()}")
+    host, prepared = _host(cfg)
+    x = prepared.model.initial_vector()
+    (out,) = host.run({0: {"params": x, "control": torch.zeros_like(x)}}, [Task("train", (0,), (0,), (0,))])
+    taken = lr / steps if normalize else lr
+    torch.testing.assert_close(out.extras["dcontrol"], out.vector / (steps * taken), rtol=1e-6, atol=0)
+
+
 def test_personal_entries_never_leave_the_client_and_stay_put_on_the_server(tmp_path):
     cfg = small_scenario(tmp_path, "data.kind=digits", "data.num_clients=10", "execution.clients_per_round=5",
                          "model.personal=output_layer", "algorithm.name=local_ffgg", "execution.rounds=3",

@@ -265,11 +265,16 @@ class ClientContext:
             parts.append(transforms.scale_by_participation(plan.participation.to(self.device)))
         if only is not None:
             parts.append(transforms.mask(only.to(self.device)))
-        if self.normalize_steps:
-            steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=self.device).clamp_min(1)
-            lr = torch.as_tensor(lr, dtype=torch.float64, device=self.device) / steps
-        parts.append(transforms.scale(lr))
+        parts.append(transforms.scale(self.step_size(plan, lr)))
         return transforms.chain(*parts)
+
+    def step_size(self, plan: StepPlan, lr):
+        """Each client's local step size: ``lr``, or with ``normalize_steps`` a float64 [C] tensor of
+        ``lr`` divided by the client's number of local steps E_k."""
+        if not self.normalize_steps:
+            return lr
+        steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=self.device).clamp_min(1)
+        return torch.as_tensor(lr, dtype=torch.float64, device=self.device) / steps
 
     def start(self, payloads: list, key: str = "params") -> torch.Tensor:
         """[C, P] rows of the payloads' ``key`` on this host's device (shared when all are one)."""

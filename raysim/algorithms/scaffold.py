@@ -17,7 +17,8 @@ from raysim.algorithms.transforms import add_correction
 class Scaffold(Algorithm):
     """Client i (state: control variate c_i, zero at first): y ← y − η_l(g_i(y) − c_i + c) for its
     local steps (minibatches, or exact gradients on a quadratic; η_l = ``lr``, with ``lr_unit:
-    inverse_smoothness`` in units of 1/(L_f·local_steps)), c_i⁺ = c_i − c + (x − y)/(K_i η_l) with
+    inverse_smoothness`` in units of 1/(L_f·local_steps), divided by K_i under
+    ``system.unreliable.normalize_steps``), c_i⁺ = c_i − c + (x − y)/(K_i η_l) with
     K_i its number of steps; it sends x − y and c_i⁺ − c_i (two model-sized vectors). Server:
     x ← x − η_g·Σ p_i (x − y_i) through ``server_optimizer`` (η_g = ``server_lr``);
     c ← c + (1/N)·Σ_i (c_i⁺ − c_i) over the step's clients, N the number of registered clients."""
@@ -45,7 +46,9 @@ class Scaffold(Algorithm):
                              max_grad_norm=cfg.max_grad_norm)
         result = local_train(x, ctx.oracle(plan), step)
         steps = torch.as_tensor(result.steps, dtype=x.dtype, device=x.device).clamp_min(1)[:, None]
-        c_new = c_i - c + (x - result.params) / (steps * lr)
+        eta = ctx.step_size(plan, lr)  # the step size the client took
+        eta = eta if isinstance(eta, float) else eta.to(x.dtype)[:, None]
+        c_new = c_i - c + (x - result.params) / (steps * eta)
         return ctx.updates(result, x - result.params, extras={"dcontrol": c_new - c_i}, states={"control": c_new})
 
     def server_direction(self, state, aggregate, updates, weights):

@@ -10,6 +10,8 @@ import zlib
 import numpy as np
 
 from raysim.data.federated import FederatedDataset, client_order
+from raysim.data.leaf import has_own_split
+from raysim.data.parquet import SPLIT_COLUMN, has_split_column
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
 
@@ -24,6 +26,18 @@ DATA_FILES: dict[str, str] = {  # data.kind -> what data.path must name
 PARTITIONED_FILES = ("mnist", "fashion_mnist", "cifar10", "cifar100")  # centralized sets that data.partition splits
 CLIENTS_FROM_FILES = ("parquet", "leaf")  # kinds whose files decide the clients (data.num_clients is refused):
 # their client counts are checked in simulation.prepare once the data set is read
+
+
+def own_split(kind: str, path) -> str | None:
+    """What in the files at ``path`` fixes the train/test split of a ``kind`` data set (so that
+    data.test_fraction has nothing to do), or None."""
+    if not path:
+        return None
+    if kind == "leaf" and has_own_split(path):
+        return "data.path has train/ and test/, LEAF's own split"
+    if kind == "parquet" and has_split_column(path):
+        return f"data.path has a {SPLIT_COLUMN!r} column, which splits the rows"
+    return None
 
 
 def find_file(directory: str, names: list[str], what: str) -> str:

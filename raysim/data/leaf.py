@@ -44,10 +44,14 @@ def leaf_files(path: str) -> tuple[list[str], list[str] | None]:
             raise _bad(directory, "a directory holding LEAF .json files")
         return files
 
-    train, test = os.path.join(path, "train"), os.path.join(path, "test")
-    if os.path.isdir(train) and os.path.isdir(test):
-        return json_files(train), json_files(test)
+    if has_own_split(path):
+        return json_files(os.path.join(path, "train")), json_files(os.path.join(path, "test"))
     return (json_files(path) if os.path.isdir(path) else [path]), None
+
+
+def has_own_split(path: str) -> bool:
+    """Whether ``path`` is a directory with LEAF's ``train/`` and ``test/`` (whose split is kept)."""
+    return all(os.path.isdir(os.path.join(path, part)) for part in ("train", "test"))
 
 
 def read_leaf_file(path: str) -> dict[str, tuple[list, list]]:

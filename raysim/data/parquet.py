@@ -161,6 +161,15 @@ def parquet_shape(path: str, label_column: str, client_column: str,
     return table.num_rows, max(1, len(columns)), classes, clients
 
 
+def has_split_column(path: str) -> bool:
+    """Whether the Parquet data at ``path`` has a ``split`` column (which fixes the split); False
+    when it cannot be read (the loader then says why)."""
+    try:
+        return SPLIT_COLUMN in pq.ParquetDataset(path).schema.names
+    except (pa.ArrowException, OSError):
+        return False
+
+
 def _open(path, label_column: str, client_column: str, feature_columns) -> tuple[pq.ParquetDataset, list[str]]:
     """The data set at ``path`` with its label and client columns checked, and its feature columns."""
     if path is None or not os.path.exists(path):
@@ -185,6 +194,10 @@ def _open(path, label_column: str, client_column: str, feature_columns) -> tuple
     if missing:
         raise ScenarioError("data.feature_columns", list(feature_columns),
                             f"columns of the file ({', '.join(missing)} missing; the file has {', '.join(names)})")
+    for column, what in ((label_column, "the label column"), (SPLIT_COLUMN, "the train/test split")):
+        if column in feature_columns:
+            raise ScenarioError("data.feature_columns", list(feature_columns),
+                                f"columns other than {what} ({column!r})")
     return dataset, list(feature_columns)
 
 
