@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.jobs import job_address
 from actors.payloads import pack
 from raysim.engine.interrupts import deferred_signals
-from raysim.errors import RunError, ScenarioError, SchedulerLost  # SchedulerLost: what RemoteScheduler raises
+from raysim.errors import RunError, ScenarioError, SchedulerLost, plain  # SchedulerLost: what RemoteScheduler raises
 
 ACTOR_REPLACEMENTS = 3  # a ClientActor that dies is replaced (and its calls sent again) at most this many times
 
@@ -198,8 +198,8 @@ class ActorPool:
     def _replace(self, actor: int, exc: RayActorError) -> None:
         """A new actor in place of ``actor``, which ``exc`` says died; RunError (one line) if it
         failed in its constructor or was replaced :data:`ACTOR_REPLACEMENTS` times already."""
-        if exc.actor_init_failed:
-            raise RunError(f"ClientActor {actor} failed to start: {_first_line(exc)}")
+        if exc.actor_init_failed:  # Ray's message ends with the line of what the constructor raised
+            raise RunError(f"ClientActor {actor} failed to start: {_last_line(exc)}")
         if self._replaced[actor] >= ACTOR_REPLACEMENTS:
             raise RunError(f"ClientActor {actor} died {self._replaced[actor] + 1} times "
                            f"(replaced at most {ACTOR_REPLACEMENTS} times): {_first_line(exc)}")
@@ -342,6 +342,11 @@ class RayRuntime:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last line of ``exc``'s message, without terminal colours."""
+    return plain((str(exc).strip().splitlines() or [type(exc).__name__])[-1])
 
 
 @contextlib.contextmanager

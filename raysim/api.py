@@ -94,6 +94,7 @@ def load_model(run_dir: str):
     import torch
     from omegaconf import OmegaConf
 
+    from raysim.config import ModelConfig
     from raysim.models import build_model
 
     out = OutputDir.open(run_dir, create=False)
@@ -104,6 +105,7 @@ def load_model(run_dir: str):
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{run_dir} is not a finished run with a saved model "
                                 f"(output.save_model: true): {exc}") from None
-    model = build_model(scenario.model, tuple(shape["feature_shape"]), shape["num_classes"], scenario.seed)
+    model_cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), scenario.model)  # the file leaves out defaults
+    model = build_model(model_cfg, tuple(shape["feature_shape"]), shape["num_classes"], scenario.seed)
     model.module.load_state_dict(weights)
     return model.module.eval()

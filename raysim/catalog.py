@@ -7,6 +7,7 @@ loads. The builders (:mod:`raysim.models`, :mod:`raysim.algorithms`) map these n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -103,8 +104,15 @@ def algorithm_class(name: str):
     from raysim.algorithms.base import Algorithm
 
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ScenarioError("algorithm.name", name, "a subclass of raysim.algorithms.Algorithm "
-                                                    f"(got {type(cls).__name__})")
+        got = f"class {cls.__name__}" if isinstance(cls, type) else type(cls).__name__
+        raise ScenarioError("algorithm.name", name, f"a subclass of raysim.algorithms.Algorithm (got {got})")
+    given = cls.Keys
+    if not (isinstance(given, type) and dataclasses.is_dataclass(given) and issubclass(given, keys.AlgorithmKeys)):
+        raise ScenarioError("algorithm.name", name, "an algorithm whose Keys is a dataclass derived from "
+                                                    "raysim.algorithms.keys.AlgorithmKeys (such as FedAvgKeys) "
+                                                    f"(its Keys is {getattr(given, '__name__', repr(given))})")
+    if cls.client_update is Algorithm.client_update:
+        raise ScenarioError("algorithm.name", name, "an algorithm class that defines client_update")
     return cls
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -16,12 +17,12 @@ class ProgressBar:
     rel_error) and updates per second; it appears with the scheduler's first report (a run refused
     earlier prints only its error)."""
 
-    def __init__(self, cfg, enabled: bool, applied: int = 0):
+    def __init__(self, cfg, enabled: bool):
         ex = cfg.execution
         self.sync, self.enabled = ex.mode == "sync", enabled
         self.total = ex.rounds if self.sync else ex.max_updates
         self.bar = None
-        self.last = (time.perf_counter(), applied)  # of the previous report (a resumed run's: its checkpoint's)
+        self.last = None  # (time, applied) of the previous report
 
     def __call__(self, report: dict):
         done = report["version"] if self.sync else report["applied"]
@@ -33,13 +34,16 @@ class ProgressBar:
         self.bar.update(done - self.bar.n)
         acc = report["last_eval"]["test_accuracy"]
         now, applied = time.perf_counter(), report["applied"]
-        rate = (applied - self.last[1]) / max(now - self.last[0], 1e-9)  # since the previous report
+        if self.last is not None:  # since the previous report
+            rate = (applied - self.last[1]) / max(now - self.last[0], 1e-9)
+        else:  # the first: its own steps' rate (the time since the command began holds the start-up)
+            rate = (report["rounds"][-1].get("updates_per_second") if report["rounds"] else None) or float("nan")
         self.last = (now, applied)
         metric = {"acc": "-" if acc != acc else f"{acc:.4f}"}
         rel_error = report["rounds"][-1].get("rel_error") if report["rounds"] else None
         if acc != acc and rel_error is not None:  # a quadratic problem: no test set, an exact error instead
             metric = {"rel_error": f"{rel_error:.3g}"}
-        self.bar.set_postfix({**metric, "upd/s": f"{rate:.0f}"})
+        self.bar.set_postfix({**metric, "upd/s": "-" if rate != rate else f"{rate:.0f}"})
 
     def close(self):
         if self.bar is not None:
@@ -72,7 +76,7 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
     """Run (or resume) a loaded scenario with a progress bar and a closing line."""
     from raysim.api import execute
 
-    bar = ProgressBar(cfg, enabled=not args.quiet, applied=0 if checkpoint is None else checkpoint.state.applied)
+    bar = ProgressBar(cfg, enabled=not args.quiet)
     try:
         summary, _ = execute(cfg, bar, began, checkpoint, freeze=True)
     except RunError as exc:
@@ -100,15 +104,19 @@ def _stopped_line(cfg, resuming: bool) -> str:
     from raysim.metrics import OutputDir
 
     how, run_dir = "terminated" if terminated() else "interrupted", cfg.output.dir
-    found = resumable = False
-    try:
-        out = OutputDir.open(run_dir, create=False)
-        out.reader(CHECKPOINT).close()
-        found = True
-        resumable = resuming or out.read_bytes("scenario.yaml").decode() == to_yaml(cfg)
-    except (OSError, ValueError, ScenarioError):  # no checkpoint (FileNotFoundError), an unreadable file
-        pass
-    if resumable:
+
+    def read(name: str, parse=lambda f: f.read().decode()):  # None: missing or unreadable
+        try:
+            with OutputDir.open(run_dir, create=False).reader(name) as f:
+                return parse(f)
+        except (OSError, ValueError, ScenarioError):
+            return None
+
+    ours = resuming or read("scenario.yaml") == to_yaml(cfg)
+    if ours and (read("summary.json", json.load) or {}).get("status") == "completed":  # signalled as it ended
+        return f"{how} after the run completed: its results are in {run_dir}"
+    found = read(CHECKPOINT, parse=lambda f: True) is not None
+    if found and ours:
         return f"{how}: metrics and a checkpoint are in {run_dir}; continue with: raysim resume {run_dir}"
     earlier = f" (the {CHECKPOINT} there is an earlier run's)" if found else ""
     return f"{how} before the run's first checkpoint: nothing to resume in {run_dir}{earlier}"

@@ -37,6 +37,7 @@ SPLIT = when("data.kind", *SPLIT_KINDS)
 ON_DEMAND = when("data.kind", *LAWS, "quadratic")  # generated kinds: a client's data can be built where it trains
 SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 EMBEDDED = when("runtime.address", None)  # a cluster joined at runtime.address declares its own resources
+ON_RAY = when("runtime.backend", "ray")  # keys of Ray's actors and cluster, which the local backend does without
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 PATH_PARTS = re.compile(r"([^.\[\]]+)|\[(\d+)\]")  # a dotted key's names and list indices: model.hidden[1]
 
@@ -171,23 +172,23 @@ class RuntimeConfig:
 
     backend: str = key("ray", "ray (ClientActors) | local (everything in this process, no Ray)")
     num_actors: Any = key("auto", "ClientActors: a positive integer, or auto (fill the cluster: per node CPUs / "
-                                  "cpus_per_actor, and GPUs / gpus_per_actor)")
-    cpus_per_actor: float = key(1.0, "CPUs Ray reserves per ClientActor")
+                                  "cpus_per_actor, and GPUs / gpus_per_actor)", when=ON_RAY)
+    cpus_per_actor: float = key(1.0, "CPUs Ray reserves per ClientActor", when=ON_RAY)
     gpus_per_actor: float = key(0.0, "GPUs per ClientActor: a share in [0, 1] (0.25: four actors per GPU) or a "
-                                     "whole number")
+                                     "whole number", when=ON_RAY)
     address: Optional[str] = key(None, "a Ray cluster to join (auto, HOST:6379, ray://...); null: start an embedded "
-                                       "local Ray (inside a Ray job: join the job's cluster)")
+                                       "local Ray (inside a Ray job: join the job's cluster)", when=ON_RAY)
     num_cpus: Optional[int] = key(None, "embedded Ray: CPUs to declare (null: all)", check=positive_int,
-                                  when=EMBEDDED)
+                                  when=(ON_RAY, EMBEDDED))
     num_gpus: Optional[float] = key(None, "embedded Ray: GPUs to declare (null: the CUDA devices found)",
-                                    when=EMBEDDED)
+                                    when=(ON_RAY, EMBEDDED))
     clients_per_task: Any = key("auto", "clients trained together (vectorized) in one task: a positive integer, or "
                                         "auto (sync: a quarter of clients_per_round, at most 25; async: an eighth of "
                                         "concurrency, at most 100)")
     scheduler: str = key("auto", "where the Scheduler runs: actor | driver | auto (driver with an embedded Ray, actor "
-                                 "with runtime.address); results are identical")
+                                 "with runtime.address); results are identical", when=ON_RAY)
     placement: str = key("spread", "ClientActors over the cluster's nodes: spread (across nodes) | pack (fill a node "
-                                   "first)")
+                                   "first)", when=ON_RAY)
     torch_threads: int = key(1, "torch threads inside client work, the server's steps and evaluation",
                              check=Check(lambda v: 1 <= v <= MAX_TORCH_THREADS,
                                          f"an integer in [1, {MAX_TORCH_THREADS}]"))
@@ -343,9 +344,13 @@ def _algorithm_section(layers: list) -> DictConfig:
     if not isinstance(name, str):
         raise ScenarioError("algorithm.name", name, "a built-in name (raysim list) or package.module:Class")
     keys = algorithm_keys(name)
-    section = OmegaConf.structured(keys)
+    try:
+        section = OmegaConf.structured(keys)
+    except OmegaConfBaseException as exc:  # a custom algorithm's Keys with a default of the wrong type
+        raise ScenarioError("algorithm.name", name, f"an algorithm whose Keys have defaults of their types "
+                                                    f"({str(exc).splitlines()[0]}: {exc.full_key})") from None
     for layer in layers:
-        _check_layer(layer, section, "algorithm.", f"a key of algorithm.name={name}")
+        _check_layer(layer, section, "algorithm.", f"a key of algorithm.name={name}", from_file=layer is not layers[-1])
         try:
             section = OmegaConf.merge(section, layer)
         except OmegaConfBaseException as exc:
@@ -417,8 +422,10 @@ def _parse_overrides(overrides) -> DictConfig:
     return layer
 
 
-def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: str = "a known key") -> None:
-    """Reject keys the schema does not declare (listing the allowed ones) and values of the wrong
+def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: str = "a known key",
+                 from_file: bool = False) -> None:
+    """Reject keys the schema does not declare (listing the allowed ones; a key of other algorithms
+    that the scenario file, ``from_file``, sets can be unset by override) and values of the wrong
     shape: a section needs a mapping, a list a list, and each entry of a list of sections (such
     as ``system.compute.tiers``) a mapping of that entry's keys, with values of their types."""
     for name in layer.keys():
@@ -428,7 +435,8 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
             if path == "sweep":
                 suggestion, hint = "", "; a sweep: section is run by raysim sweep FILE"
             else:
-                suggestion, hint = _suggestion(path, str(name), schema), ""
+                suggestion, owned = _suggestion(path, str(name), schema)
+                hint = f"; ~{path} unsets it" if owned and from_file else ""
             raise ScenarioError(path, _raw(layer, name), f"{what}{suggestion}; allowed here: {allowed}{hint}")
         declared, child = schema._get_node(name), layer._get_node(name)
         if child._is_interpolation() or (child._is_none() and declared._metadata.optional):
@@ -449,16 +457,16 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
             _check(isinstance(child, DictConfig), path, _raw(layer, name), "a mapping of keys to values")
 
 
-def _suggestion(path: str, name: str, schema: DictConfig) -> str:
+def _suggestion(path: str, name: str, schema: DictConfig) -> tuple[str, bool]:
     """For an unknown key: in the algorithm section, the built-in algorithms that take it; else a
-    close name among the section's keys."""
+    close name among the section's keys. True with the first: the key is another algorithm's."""
     from raysim.catalog import ALGORITHMS
 
     owners = [n for n, (_, keys) in ALGORITHMS.items() if field_of(keys, name)] if path.startswith("algorithm.") else []
     if owners:
-        return f" ({name} is a key of {', '.join(owners)})"
+        return f" ({name} is a key of {', '.join(owners)})", True
     close = difflib.get_close_matches(name, [str(k) for k in schema.keys()], n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return (f" (did you mean {close[0]}?)" if close else ""), False
 
 
 def _check_entry(parent, key, section: type, path: str, what: str) -> None:
@@ -660,6 +668,12 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     _check(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
            "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
     check_values(cfg, RuntimeConfig, "runtime")
+    if r.backend == "ray":
+        for path in ("data.kind", "model.kind", "algorithm.name", "algorithm.aggregator"):
+            target = OmegaConf.select(cfg, path)
+            _check(not (isinstance(target, str) and target.startswith("__main__:")), path, target,
+                   "a package.module:name that Ray's worker processes can import (__main__ is the driver's "
+                   "script there: move the definition into a module, or use runtime.backend=local)")
 
     validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
     _check_byzantine(cfg)

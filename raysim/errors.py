@@ -1,5 +1,14 @@
 """Errors a user can cause, each with one clear line of text."""
 
+import re
+
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes, as torch and Ray put in their messages
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal colour codes."""
+    return _COLOURS.sub("", text)
+
 
 class ScenarioError(ValueError):
     """A scenario key holds a value that is not allowed.
@@ -11,6 +20,9 @@ class ScenarioError(ValueError):
     def __init__(self, key: str, value, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key} = {value!r}: expected {allowed}")
+
+    def __reduce__(self):  # pickled as its parts (as Ray sends it), not as the message
+        return type(self), (self.key, self.value, self.allowed)
 
 
 class RunError(RuntimeError):
@@ -35,5 +47,8 @@ class OutputError(RunError):
     ``cannot write <path>: <reason>``; what was written before stays readable."""
 
     def __init__(self, path: str, reason: str):
-        self.path = path
+        self.path, self.reason = path, reason
         super().__init__(f"cannot write {path}: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.reason)

@@ -150,8 +150,11 @@ def test_a_key_of_other_algorithms_names_them(capsys):
     line = run_main(capsys, "validate", QUICKSTART, "algorithm.prox_mu=0.1")
     assert line.startswith("error: algorithm.prox_mu = 0.1: expected a key of algorithm.name=fedavg (prox_mu is a key "
                            "of fedprox); allowed here: name, lr, local_steps,")
+    assert line.endswith("aggregator_options")  # an override: drop it rather than unset it
     line = run_main(capsys, "validate", QUICKSTART, "algorithm.name=fedprox", "algorithm.finetuner=cg")
     assert "(finetuner is a key of ffgg, local_ffgg); allowed here: name, lr," in line
+    line = run_main(capsys, "validate", str(REPO / "scenarios/paper/fedacg/fedprox.yaml"), "algorithm.name=fedavg")
+    assert "(prox_mu is a key of fedprox)" in line and line.endswith("; ~algorithm.prox_mu unsets it")
 
 
 def test_run_of_a_sweep_file_points_to_raysim_sweep(capsys):
@@ -373,7 +376,7 @@ def test_check_fits_names_the_dominant_key():
 
 
 def test_a_cluster_checks_only_the_drivers_parts():
-    cfg = scenario("runtime.address=ray://head:10001")
+    cfg = scenario("runtime.backend=ray", "runtime.address=ray://head:10001")
     assert [p.what for p in estimate(cfg).parts] == ["data set", "model"]
 
 
@@ -525,3 +528,25 @@ def test_parquet_files_of_one_directory_must_have_the_same_columns(tmp_path, cap
     assert run_main(capsys, "validate", QUICKSTART, *PARQUET, f"data.path={folder}") == (
         f"error: data.path = '{folder}': expected Parquet files with the same columns (b.parquet and a.parquet "
         "differ in f9)")
+
+
+def test_a_scenario_error_survives_pickling():
+    """Ray sends exceptions pickled: the key, value and message arrive intact."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ScenarioError("data.kind", "x", "one of a, b")))
+    assert (error.key, error.value, str(error)) == ("data.kind", "x", "data.kind = 'x': expected one of a, b")
+
+
+def test_a_class_of_the_drivers_script_is_refused_with_ray(monkeypatch):
+    """Ray's workers run their own __main__: a class defined in the script that calls raysim.run
+    works with the local backend only."""
+    from raysim.algorithms.fedavg import FedAvg
+
+    monkeypatch.setattr(sys.modules["__main__"], "Mine", type("Mine", (FedAvg,), {}), raising=False)
+    assert load_scenario(QUICKSTART, ["algorithm.name=__main__:Mine", "runtime.backend=local"])
+    with pytest.raises(ScenarioError) as refused:
+        load_scenario(QUICKSTART, ["algorithm.name=__main__:Mine"])
+    assert str(refused.value) == ("algorithm.name = '__main__:Mine': expected a package.module:name that Ray's "
+                                  "worker processes can import (__main__ is the driver's script there: move the "
+                                  "definition into a module, or use runtime.backend=local)")

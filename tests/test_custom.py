@@ -40,6 +40,33 @@ def two_blobs(num_clients, test_fraction, seed, dim=5):
 
 def a_list(num_clients, test_fraction, seed):
     return [1, 2, 3]
+
+def one_client_more(num_clients, test_fraction, seed):
+    return two_blobs(num_clients + 1, test_fraction, seed)
+
+def a_nan(num_clients, test_fraction, seed):
+    x = [np.zeros((3, 2), np.float32) for _ in range(num_clients)]
+    x[1][2, 1] = np.nan
+    y = [np.zeros(3, np.int64)] * num_clients
+    return FederatedDataset.from_clients(x, y, x, y, 2, (2,))
+
+def one_output_too_many(feature_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(feature_shape[0], num_classes + 1))
+
+def batch_norm(feature_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(feature_shape[0], 4), nn.BatchNorm1d(4), nn.Linear(4, num_classes))
+
+from raysim.algorithms import Algorithm
+from raysim.algorithms.keys import FedAvgKeys
+
+class NoClientUpdate(Algorithm):
+    Keys = FedAvgKeys
+
+class DictKeys(Algorithm):
+    Keys = dict
+
+    def client_update(self, payloads, ctx):
+        raise NotImplementedError
 '''
 
 
@@ -101,6 +128,13 @@ def test_custom_model_and_data_with_options_and_the_python_api(tmp_path, parts):
     assert torch.equal(loaded(x), result.model(x)) and not loaded.training
 
 
+def test_load_model_of_a_custom_model_without_options(tmp_path, parts):
+    """The run's scenario.yaml leaves out the empty model.options; loading fills it in again."""
+    result = raysim.run(small_scenario(tmp_path, "model.kind=my_parts.lib:tiny_net", "execution.rounds=1"))
+    x = torch.randn(4, 60)
+    assert torch.equal(raysim.load_model(result.output_dir)(x), result.model(x))
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["model.kind=my_parts.nowhere:net"], "model.kind = 'my_parts.nowhere:net': expected an importable module "
                                           "(ModuleNotFoundError: No module named 'my_parts.nowhere')"),
@@ -110,6 +144,23 @@ def test_custom_model_and_data_with_options_and_the_python_api(tmp_path, parts):
                                                "returning a torch.nn.Module (it returned str)"),
     (["data.kind=my_parts.lib:a_list"], "data.kind = 'my_parts.lib:a_list': expected a function returning a "
                                         "raysim.data.FederatedDataset (it returned list)"),
+    (["data.kind=my_parts.lib:one_client_more"], "data.kind = 'my_parts.lib:one_client_more': expected a function "
+                                                 "returning a raysim.data.FederatedDataset of data.num_clients=100 "
+                                                 "clients (it returned 101)"),
+    (["data.kind=my_parts.lib:a_nan"], "data.kind = 'my_parts.lib:a_nan': expected a function returning a "
+                                       "raysim.data.FederatedDataset with finite features (client 1's row 2 is not)"),
+    (["model.kind=my_parts.lib:one_output_too_many"], "model.kind = 'my_parts.lib:one_output_too_many': expected a "
+                                                      "function returning a torch.nn.Module whose output is [batch, "
+                                                      "10] for the data's 10 classes (one example gives (1, 11))"),
+    (["model.kind=my_parts.lib:batch_norm"], "model.kind = 'my_parts.lib:batch_norm': expected a function returning "
+                                             "a torch.nn.Module without running statistics (module '2' keeps them: "
+                                             "use GroupNorm or LayerNorm, or track_running_stats=False)"),
+    (["algorithm.name=my_parts.lib:NoClientUpdate"], "algorithm.name = 'my_parts.lib:NoClientUpdate': expected an "
+                                                     "algorithm class that defines client_update"),
+    (["algorithm.name=my_parts.lib:DictKeys"], "algorithm.name = 'my_parts.lib:DictKeys': expected an algorithm "
+                                               "whose Keys is a dataclass derived from "
+                                               "raysim.algorithms.keys.AlgorithmKeys (such as FedAvgKeys) (its Keys "
+                                               "is dict)"),
     (["data.options.dim=3"], "data.options = {'dim': 3}: expected no setting (it applies only with a custom "
                              "data.kind: package.module:function; here data.kind = 'gaussian_mixture')"),
 ])

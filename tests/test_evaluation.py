@@ -63,7 +63,7 @@ def test_each_client_is_summed_over_its_own_rows_in_float64():
 
 def test_auto_tests_on_the_hosts_only_with_gpus_in_synchronous_rounds(tmp_path):
     def hosts(*overrides):
-        return evaluates_on_hosts(small_scenario(tmp_path, *overrides))
+        return evaluates_on_hosts(small_scenario(tmp_path, *overrides, backend="ray"))
 
     assert not hosts() and hosts("runtime.gpus_per_actor=0.5")
     assert not hosts("runtime.gpus_per_actor=0.5", "execution.mode=async", "execution.concurrency=4",

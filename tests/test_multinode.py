@@ -37,9 +37,9 @@ def two_nodes():
 def test_actors_on_both_nodes_with_fractional_gpus_and_identical_results(two_nodes, tmp_path, placement):
     from actors.runtime import RayRuntime
 
-    overrides = ["runtime.cpus_per_actor=0.5", "runtime.gpus_per_actor=0.5", "runtime.num_actors=auto",
-                 f"runtime.placement={placement}", "execution.rounds=3", "execution.clients_per_round=16"]
-    cfg = small_scenario(tmp_path / "cluster", *overrides, backend="ray")
+    rounds = ["execution.rounds=3", "execution.clients_per_round=16"]
+    cfg = small_scenario(tmp_path / "cluster", "runtime.cpus_per_actor=0.5", "runtime.gpus_per_actor=0.5",
+                         "runtime.num_actors=auto", f"runtime.placement={placement}", *rounds, backend="ray")
     runtime = RayRuntime(cfg.runtime)
     try:
         summary = run_scenario(cfg, prepare(cfg), runtime)
@@ -59,7 +59,7 @@ def test_actors_on_both_nodes_with_fractional_gpus_and_identical_results(two_nod
     if placement == "spread":  # the round's 4 tasks go to actors 0-3, which SPREAD put on both nodes
         assert len(event_nodes) == 2
 
-    single = small_scenario(tmp_path / "single", *overrides, backend="local")
+    single = small_scenario(tmp_path / "single", *rounds, backend="local")
     reference = run_scenario(single, prepare(single), LocalRuntime())
     assert summary["model_sha256"] == reference["model_sha256"]
     assert summary["final_test_accuracy"] == reference["final_test_accuracy"]

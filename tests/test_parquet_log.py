@@ -179,6 +179,21 @@ def test_keep_rows_cuts_the_log_and_appends_after_the_cut(tmp_path, keep, left):
     assert out.read_table(NAME).column("i").to_pylist() == list(range(keep)) + [100, 101]
 
 
+def test_a_cut_part_keeps_the_columns_the_rows_were_written_with(tmp_path):
+    """Rows with columns beyond the base schema (as events' client profiles): the part the cut
+    falls in is rewritten with all of them, and the log goes on appending."""
+    out = OutputDir.open(str(tmp_path / "run"))
+    log = new_log(out)
+    log.append({**rows(0, 10), "tier": [1] * 10})
+    log.flush()
+    log = new_log(out, keep_rows=4)
+    log.append({**rows(100, 1), "tier": [2]})
+    log.close()
+    table = out.read_table(NAME)
+    assert table.column_names == ["i", "x", "tier"]
+    assert table.column("i").to_pylist() == [0, 1, 2, 3, 100] and table.column("tier").to_pylist() == [1] * 4 + [2]
+
+
 def test_keep_rows_zero_starts_over_and_more_than_written_is_an_error(tmp_path):
     out = written_log(tmp_path, flushes=3)
     with pytest.raises(RunError) as error:
@@ -264,3 +279,19 @@ def test_a_full_disk_is_one_output_error_and_earlier_files_stay_readable(tmp_pat
     assert (run / "summary.json").read_text() == "{}"
     assert pq.read_table(run / "events.parquet").column("x").to_pylist() == [1.0] * 10
     assert not [name for _, _, names in os.walk(run) for name in names if name.endswith(".tmp")]
+
+
+def test_read_table_lists_the_parts_again_when_a_merge_deleted_one(tmp_path, monkeypatch):
+    """A live run's merge may delete a part between the reader's listing and its read."""
+    out = written_log(tmp_path, flushes=3)
+    read, calls = pq.read_table, []
+
+    def racing(files, **kwargs):
+        calls.append(files)
+        if len(calls) == 1:
+            raise FileNotFoundError(files[0])
+        return read(files, **kwargs)
+
+    monkeypatch.setattr("raysim.metrics.output.pq.read_table", racing)
+    assert out.read_table(NAME, columns=("i", "missing")).column_names == ["i"]
+    assert out.read_table(NAME).column("i").to_pylist() == list(range(30)) and len(calls) == 3

@@ -208,3 +208,21 @@ def test_payloads_travel_stacked_by_structure_and_arrive_as_their_own_tensors(ra
             assert got.storage_offset() == 0 and got.is_contiguous()  # a tensor of its own, not a view
             assert got.untyped_storage().nbytes() == array.nbytes
             got += 1  # writable
+
+
+def test_errors_are_reported_by_what_the_task_or_constructor_raised():
+    """summary.json's error names the exception a Ray task raised, not Ray's wrapper (whose first
+    line is a coloured ``ray::ClientActor.run()``); a constructor's failure, its last line."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from actors.runtime import _last_line
+    from raysim.engine.run import _error_line
+    from raysim.errors import RunError
+
+    raised = "Traceback (most recent call last):\n  File \"algos.py\", line 3, in client_update\nRuntimeError: boom"
+    task = RayTaskError("ClientActor.run", raised, RuntimeError("boom")).as_instanceof_cause()
+    assert _error_line(task) == "RuntimeError: boom"
+    assert _error_line(ValueError("bad\nmore")) == "ValueError: bad"
+    assert _error_line(RunError("client 5 diverged")) == "client 5 diverged"
+    died = ActorDiedError(RayTaskError("ClientActor.__init__", raised, RuntimeError("boom")))
+    assert "\x1b[" in str(died) and _last_line(died) == "RuntimeError: boom"

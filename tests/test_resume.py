@@ -5,6 +5,7 @@ a second run into a live directory is refused; a new run never leaves an earlier
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -224,3 +225,30 @@ def test_a_second_run_into_a_live_directory_is_refused_and_a_dead_runs_lock_is_s
                             "execution.rounds=2", "--quiet"], capture_output=True, text=True, timeout=120)
     assert third.returncode == 0, third.stderr
     assert _summary(f"{tmp_path}/out")["status"] == "completed" and not os.path.exists(f"{tmp_path}/out/.raysim.lock")
+
+
+def test_ctrl_c_as_the_run_completes_leaves_it_complete_and_says_so(tmp_path, monkeypatch, capsys):
+    """A signal while the run writes its model and summary waits for them; the line then says the
+    run completed (not that nothing can be resumed)."""
+    from raysim.cli import main
+    from raysim.engine.run import Run
+
+    complete = Run._complete
+
+    def signalled(self, final):
+        os.kill(os.getpid(), signal.SIGINT)
+        return complete(self, final)
+
+    monkeypatch.setattr(Run, "_complete", signalled)
+    monkeypatch.setattr("raysim.lifecycle._stopped_by", [])  # the signal main() takes is this test's only
+    monkeypatch.setattr("raysim.lifecycle.guarded", contextlib.nullcontext)  # it would end the test session's Ray
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert main(["run", "scenarios/quickstart.yaml", *small_overrides(tmp_path), "--quiet"]) == 130
+    finally:  # main() leaves its handlers, which after a first signal ignore the next ones
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    out = tmp_path / "out"
+    assert capsys.readouterr().err.strip() == f"interrupted after the run completed: its results are in {out}"
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    assert (out / "model.pt").exists() and not (out / "checkpoint.pt").exists()

@@ -3,13 +3,9 @@ in every mode; the YAML sweep: section; `raysim submit` of a sweep file."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,7 +14,6 @@ from omegaconf import OmegaConf
 
 from raysim.cli import main
 from raysim.config import load_scenario
-from raysim.lifecycle import POLL_SECONDS
 from raysim.sweep.plan import parse_grid_options, split_values
 from raysim.sweep.results import code_version
 
@@ -111,30 +106,6 @@ def test_a_completed_run_the_sweep_saw_fail_runs_again(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "skipped " not in err and err.count("start ") == 1, err
     assert [r["status"] for r in table(tmp_path)] == ["completed"]
-
-
-def test_a_sweep_killed_outright_leaves_no_point_running(tmp_path):
-    """SIGKILL gives the sweep no chance to end its points: its guardian ends them."""
-    import psutil
-
-    command = [sys.executable, "-m", "raysim.cli", "sweep", QUICKSTART, *TINY, "execution.rounds=100000",
-               "--grid", "algorithm.lr=0.05,0.1", "--out", str(tmp_path)]
-    swept = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (points := [p for p in psutil.Process(swept.pid).children() if "run" in p.cmdline()]) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert points, "the sweep started no point"
-        time.sleep(2 * POLL_SECONDS)  # the guardian has seen it
-        swept.kill()
-        swept.wait()
-        _, alive = psutil.wait_procs(points, timeout=30)
-        assert not alive, "a point outlived its sweep"
-    finally:  # the sweep's process group: itself and its points
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(swept.pid, signal.SIGKILL)
-        swept.wait()
 
 
 def test_a_directory_holding_another_scenario_is_an_error(grid_sweep, capsys):

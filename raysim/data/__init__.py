@@ -7,6 +7,8 @@ loaded on first use), so a scenario's data can be built and checked while torch 
 
 from __future__ import annotations
 
+import numpy as np
+
 from raysim.data.cifar import CIFAR_FORMATS, load_cifar
 from raysim.data.federated import ClientRows, FederatedDataset
 from raysim.data.files import DATA_FILES
@@ -152,4 +154,13 @@ def _custom(data_cfg, seed: int) -> FederatedDataset:
                             test_fraction=data_cfg.test_fraction, seed=seed, **options)
     if not isinstance(dataset, FederatedDataset):
         raise ScenarioError("data.kind", data_cfg.kind, f"{what} (it returned {type(dataset).__name__})")
+    if dataset.num_clients != data_cfg.num_clients:
+        raise ScenarioError("data.kind", data_cfg.kind, f"{what} of data.num_clients={data_cfg.num_clients} "
+                                                        f"clients (it returned {dataset.num_clients})")
+    finite = np.isfinite(dataset.features()).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        client = int(np.searchsorted(dataset.offsets()[:, 2], row, side="right"))
+        raise ScenarioError("data.kind", data_cfg.kind, f"{what} with finite features (client {client}'s row "
+                                                        f"{row - int(dataset.offsets()[client, 0])} is not)")
     return dataset

@@ -22,7 +22,7 @@ import pyarrow as pa
 from omegaconf import OmegaConf
 
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
-from raysim.errors import OutputError, RunError, SchedulerLost
+from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
 from raysim.engine.scheduler import evaluates_on_hosts
 from raysim.metrics import ParquetLog
@@ -133,7 +133,8 @@ class Run:
         except Exception as exc:
             self._stop("failed", exc)
             raise
-        return self._complete(final)
+        with deferred_signals():  # a signal now finds the run complete: model, summary, no checkpoint
+            return self._complete(final)
 
     # ------------------------------------------------------------------ the loop
 
@@ -265,7 +266,7 @@ class Run:
                 self._close_logs()
         except (OutputError, RunError) as write_error:
             print(f"error: {write_error}", file=sys.stderr)
-        error = "interrupted" if status == "interrupted" else (str(exc).splitlines() or [type(exc).__name__])[0]
+        error = "interrupted" if status == "interrupted" else _error_line(exc)
         try:
             self._write_summary(self._summary(status, error))
         except OutputError as write_error:
@@ -329,3 +330,12 @@ class Run:
 def _null(x):
     """NaN → None, so JSON shows a missing value rather than a number."""
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _error_line(exc: BaseException) -> str:
+    """summary.json's ``error``: a RunError's own line; for any other exception (a fault in code,
+    the user's or raysim's) its type and first line: those of the exception a Ray task raised,
+    not of Ray's wrapper around it."""
+    exc = getattr(exc, "cause", None) or exc  # ray.exceptions.RayTaskError.cause
+    text = str(exc) if isinstance(exc, (RunError, ScenarioError)) else f"{type(exc).__name__}: {exc}"
+    return (text.strip().splitlines() or [type(exc).__name__])[0]

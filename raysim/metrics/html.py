@@ -57,12 +57,13 @@ def _summary(runs, target: float | None) -> tuple[list[str], list[list]]:
         s, scenario = run.summary or {}, run.scenario if isinstance(run.scenario, dict) else {}
         last = [_last(run, c) for c in quadratic]
         row = [run.label, s.get("status", "no summary"), (scenario.get("algorithm") or {}).get("name"),
-               s.get("mode"), _number(s.get("final_test_accuracy"), ".4f"), _number(s.get("final_test_loss"), ".4g"),
-               *(_number(v, ".3e") for v in last), _number(s.get("wall_seconds"), ",.1f"),
-               _number(s.get("virtual_time"), ",.0f"), s.get("client_updates"), (s.get("model_sha256") or "")[:12]]
+               s.get("mode"), number_text(s.get("final_test_accuracy"), ".4f"),
+               number_text(s.get("final_test_loss"), ".4g"),
+               *(number_text(v, ".3e") for v in last), number_text(s.get("wall_seconds"), ",.1f"),
+               seconds_text(s.get("virtual_time")), s.get("client_updates"), (s.get("model_sha256") or "")[:12]]
         if target is not None:
             hit = run.reach(target)
-            row.insert(6, "not reached" if hit is None else _number(run.rounds["virtual_time"][hit], ",.0f"))
+            row.insert(6, "not reached" if hit is None else seconds_text(run.rounds["virtual_time"][hit]))
         rows.append(row)
     return header, rows
 
@@ -73,11 +74,18 @@ def _last(run, column: str) -> float | None:
     return None if series is None else float(series[1][-1])
 
 
-def _number(value, spec: str) -> str:
+def _finite(value) -> bool:
+    return isinstance(value, (int, float, np.number)) and math.isfinite(value)
+
+
+def number_text(value, spec: str) -> str:
     """``value`` formatted, or "—" when missing or not finite."""
-    if value is None or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
-        return "—"
-    return format(value, spec)
+    return format(value, spec) if _finite(value) else "—"
+
+
+def seconds_text(value) -> str:
+    """Virtual seconds for a table: whole seconds from 100 on, else three significant digits."""
+    return number_text(value, ",.0f" if _finite(value) and abs(value) >= 100 else ".3g")
 
 
 def _table(header: list[str], rows: list[list]) -> str:

@@ -55,6 +55,7 @@ REPORT_HTML = "report.html"
 TENSORBOARD_DIR = "tensorboard"
 """The TensorBoard event files of a run with ``output.tensorboard: true``."""
 LOCK = ".raysim.lock"
+READ_ATTEMPTS = 5  # listings of a live log's parts tried by read_table (a merge may delete one meanwhile)
 _LOCK_FIELDS = ("pid", "host", "process_started", "run_started")
 
 
@@ -143,13 +144,22 @@ class OutputDir:
         with self.reader(name) as stream:
             return stream.read()
 
-    def read_table(self, name: str):
-        """Table ``name`` as a pyarrow Table: a Parquet file, or a ParquetLog's directory of parts
-        (parts covered by a merged one skipped); FileNotFoundError if it has no rows written yet."""
-        files = log_files(self.fs, self.path(name))
-        if not files:
-            raise FileNotFoundError(f"{self.path(name)}: no Parquet file or log parts")
-        return pq.read_table(files, filesystem=self.fs)
+    def read_table(self, name: str, columns: tuple[str, ...] | None = None):
+        """Table ``name`` as a pyarrow Table (only those of ``columns`` it has, if given): a Parquet
+        file, or a ParquetLog's directory of parts (parts covered by a merged one skipped);
+        FileNotFoundError if it has no rows written yet. A live run's merge may delete a part
+        between the listing and the read: the parts are then listed again."""
+        for attempt in range(READ_ATTEMPTS):
+            files = log_files(self.fs, self.path(name))
+            if not files:
+                raise FileNotFoundError(f"{self.path(name)}: no Parquet file or log parts")
+            try:
+                present = None if columns is None else \
+                    [c for c in columns if c in pq.read_schema(files[0], filesystem=self.fs).names]
+                return pq.read_table(files, columns=present, filesystem=self.fs)
+            except FileNotFoundError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
 
     def clear_run_files(self) -> None:
         """Remove what an earlier run left: :data:`RUN_FILES` (a log's file or parts directory),

@@ -197,11 +197,11 @@ class ParquetLog:
             if name.startswith(".") and name.endswith(".tmp"):
                 self.output.remove(f"{self.name}/{name}")
         self._parts = live
-        self.truncate(keep_rows)
-        if self._parts:
-            self.schema = pq.read_schema(f"{self.path}/{self._parts[0].name}", filesystem=self.output.fs)
+        if live:  # the schema the rows were written with, before a cut part is rewritten with it
+            self.schema = pq.read_schema(f"{self.path}/{live[0].name}", filesystem=self.output.fs)
             self._typed = True
-        else:  # nothing kept: an empty directory, or a single Parquet file of an older raysim
+        self.truncate(keep_rows)
+        if not self._parts:  # nothing kept: an empty directory, or a single Parquet file of an older raysim
             self.output.remove(self.name)
 
     def _write(self, part: _Part, batches: Iterable[pa.RecordBatch]) -> None:

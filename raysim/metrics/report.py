@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -30,8 +29,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from raysim.errors import ScenarioError
+from raysim.metrics.html import number_text, report_html, seconds_text
 from raysim.metrics.output import DIAGNOSTICS, PLOTS, REPORT_HTML, OutputDir
-from raysim.metrics.parquet_log import log_files
 
 MAX_TIMELINE_TASKS = 300
 SPAN = 100.0  # an axis whose positive values span more than this factor is logarithmic
@@ -85,8 +84,6 @@ def write_report(run_dirs: list[str], out_dir: str | None = None, target: float 
     reach it in the legend. Raises :class:`ScenarioError` for a missing directory or one without
     ``rounds.parquet``, before anything is written.
     """
-    from raysim.metrics.html import report_html
-
     runs = load_runs(run_dirs)
     if out_dir is None:
         first = run_dirs[0].rstrip("/")
@@ -182,11 +179,10 @@ def _read_text(out: OutputDir, name: str, parse):
 def read_columns(out: OutputDir, name: str, wanted: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The ``wanted`` columns present in table ``name`` of ``out`` (a Parquet file or log directory;
     none if it does not exist) as arrays; nulls become NaN (numbers) or None (strings)."""
-    files = log_files(out.fs, out.path(name))
-    if not files:
+    try:
+        return table_arrays(out.read_table(name, wanted))
+    except FileNotFoundError:
         return {}
-    present = [c for c in wanted if c in pq.read_schema(files[0], filesystem=out.fs).names]
-    return table_arrays(pq.read_table(files, columns=present, filesystem=out.fs))
 
 
 def table_arrays(table: pa.Table) -> dict[str, np.ndarray]:
@@ -451,17 +447,12 @@ def time_to_accuracy_table(run_dirs: list[str], target: float) -> str:
              "| applied | late | dropped | failed | stale |", "|---|---|---|---|---|---|---|---|---|---|"]
     for run in load_runs(run_dirs):
         hit = run.reach(target)
-        reached = (_seconds(run.rounds['virtual_time'][hit]), f"{run.rounds['wall_time'][hit]:.1f}") \
+        reached = (seconds_text(run.rounds['virtual_time'][hit]), f"{run.rounds['wall_time'][hit]:.1f}") \
             if hit is not None else ("not reached", "—")
         acc = run.series("round", "test_accuracy")
-        final = acc[1][-1] if acc is not None else float("nan")
+        final = acc[1][-1] if acc is not None else None
         tasks = (run.summary or {}).get("tasks", {})
         counts = " | ".join(str(tasks.get(k, 0)) for k in ("applied", "late", "dropped", "failed", "stale"))
-        lines.append(f"| {run.label} | {reached[0]} | {reached[1]} | {final:.4f} | "
-                     f"{_seconds(run.rounds['virtual_time'][-1])} | {counts} |")
+        lines.append(f"| {run.label} | {reached[0]} | {reached[1]} | {number_text(final, '.4f')} | "
+                     f"{seconds_text(run.rounds['virtual_time'][-1])} | {counts} |")
     return "\n".join(lines)
-
-
-def _seconds(t: float) -> str:
-    """Virtual seconds for the table: whole seconds from 100 on, else three significant digits."""
-    return f"{t:,.0f}" if abs(t) >= 100 else f"{t:.3g}"

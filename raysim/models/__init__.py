@@ -86,4 +86,23 @@ def _custom(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
     module = call_imported("model.kind", cfg.kind, what, feature_shape, num_classes, **dict(cfg.options or {}))
     if not isinstance(module, nn.Module):
         raise ScenarioError("model.kind", cfg.kind, f"{what} (it returned {type(module).__name__})")
+    running = [name for name, m in module.named_modules()
+               if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
+    if running:  # buffers that training updates in place: not in the model vector, not per client
+        raise ScenarioError("model.kind", cfg.kind, f"{what} without running statistics (module {running[0]!r} "
+                                                    "keeps them: use GroupNorm or LayerNorm, or "
+                                                    "track_running_stats=False)")
+    if num_classes == 0:  # the quadratic problem: no classes to check the output against
+        return module
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(1, *feature_shape))
+    except Exception as exc:  # the user's forward may fail in any way
+        raise ScenarioError("model.kind", cfg.kind, f"{what} that takes a batch of features of shape "
+                                                    f"[batch, {', '.join(map(str, feature_shape))}] "
+                                                    f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ScenarioError("model.kind", cfg.kind, f"{what} whose output is [batch, {num_classes}] for the "
+                                                    f"data's {num_classes} classes (one example gives {got})")
     return module

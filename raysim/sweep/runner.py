@@ -106,7 +106,6 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
     whole process tree; ``sweep.parallel`` at once. Ctrl-C (or SIGTERM) ends the running ones
     (SIGTERM, then SIGKILL) and stops the sweep."""
     from raysim.bench.process_tree import measure
-    from raysim.lifecycle import guarded
 
     scenario = _scenario_file(sweep)
     running = {}  # point name -> pid of its process, while it runs
@@ -129,35 +128,34 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
         _finished(say, point, {"returncode": figures["returncode"], "wall_seconds": figures["wall_seconds"],
                                "peak_rss_bytes": figures["peak_rss"], "mode": "isolated"})
 
-    with guarded():  # a sweep killed outright (SIGKILL) leaves no point running
-        pool = ThreadPoolExecutor(max_workers=sweep.parallel)
-        try:
-            pending = {pool.submit(run, point) for point in todo}
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                for future in done:
-                    future.result()
-        except BaseException as exc:  # Ctrl-C, SIGTERM, or an error of the sweep itself: end the running points
-            import psutil
+    pool = ThreadPoolExecutor(max_workers=sweep.parallel)
+    try:
+        pending = {pool.submit(run, point) for point in todo}
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+    except BaseException as exc:  # Ctrl-C, SIGTERM, or an error of the sweep itself: end the running points
+        import psutil
 
-            from raysim.lifecycle import end_processes
+        from raysim.lifecycle import end_processes
 
-            pool.shutdown(wait=False, cancel_futures=True)
-            with lock:
-                stopping.set()
-                pids = list(running.values())
-            alive = []
-            for pid in pids:
-                try:
-                    alive.append(psutil.Process(pid))
-                except psutil.NoSuchProcess:
-                    pass
-            end_processes(alive)
-            if isinstance(exc, KeyboardInterrupt):
-                raise _stopped(sweep) from None
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)
+        with lock:
+            stopping.set()
+            pids = list(running.values())
+        alive = []
+        for pid in pids:
+            try:
+                alive.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        end_processes(alive)
+        if isinstance(exc, KeyboardInterrupt):
+            raise _stopped(sweep) from None
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _scenario_file(sweep: Sweep) -> str:
