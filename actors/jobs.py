@@ -19,7 +19,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from raysim.errors import RunError, ScenarioError
+from raysim.errors import RunError, ScenarioError, first_line
 
 REPO = Path(__file__).resolve().parents[1]
 EXCLUDES = [".git", ".gl", ".whl", "results", "docs", "tests", "*.egg-info", "__pycache__", "*.pyc"]
@@ -43,8 +43,8 @@ def client(address: str):
     try:
         return JobSubmissionClient(address)
     except Exception as exc:  # ConnectionError, ValueError for a bad URL, …
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ScenarioError("--address", address, f"a reachable Ray job server, e.g. http://HEAD:8265 ({first})") from None
+        raise ScenarioError("--address", address,
+                            f"a reachable Ray job server, e.g. http://HEAD:8265 ({first_line(exc)})") from None
 
 
 def in_repository(scenario: str) -> str:
@@ -117,7 +117,7 @@ def _submit_with_retries(jobs, tries: int = 20, **job) -> str:
             return jobs.submit_job(**job)
         except RuntimeError as exc:
             if "No available agent" not in str(exc) or attempt == tries - 1:
-                raise RunError(f"the job server refused the job: {str(exc).strip().splitlines()[0]}") from None
+                raise RunError(f"the job server refused the job: {first_line(exc)}") from None
             time.sleep(1.0)
 
 

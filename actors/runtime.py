@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import socket
@@ -26,8 +25,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.jobs import job_address
 from actors.payloads import pack
+from raysim.config import actors_that_fit
 from raysim.engine.interrupts import deferred_signals
-from raysim.errors import RunError, ScenarioError, SchedulerLost, plain  # SchedulerLost: what RemoteScheduler raises
+from raysim.errors import (RunError, ScenarioError, SchedulerLost,  # SchedulerLost: what RemoteScheduler raises
+                           first_line, last_line)
 
 ACTOR_REPLACEMENTS = 3  # a ClientActor that dies is replaced (and its calls sent again) at most this many times
 
@@ -70,9 +71,7 @@ def plan_actors(runtime_cfg, nodes: list) -> int:
     """Number of ClientActors that fit on ``nodes`` ((CPUs, GPUs) per node: an actor's share
     must fit on one node); ScenarioError if they cannot fit."""
     cpa, gpa = runtime_cfg.cpus_per_actor, runtime_cfg.gpus_per_actor
-    per_node = [math.floor(c / cpa + 1e-9) if gpa == 0 else min(math.floor(c / cpa + 1e-9), math.floor(g / gpa + 1e-9))
-                for c, g in nodes]
-    fits = sum(per_node)
+    fits = sum(actors_that_fit(c, g, runtime_cfg) for c, g in nodes)
     cpus, gpus = sum(c for c, _ in nodes), sum(g for _, g in nodes)
     where = f"{len(nodes)} node(s), {cpus:g} CPUs at runtime.cpus_per_actor={cpa:g}"
     if gpa > 0:
@@ -199,10 +198,10 @@ class ActorPool:
         """A new actor in place of ``actor``, which ``exc`` says died; RunError (one line) if it
         failed in its constructor or was replaced :data:`ACTOR_REPLACEMENTS` times already."""
         if exc.actor_init_failed:  # Ray's message ends with the line of what the constructor raised
-            raise RunError(f"ClientActor {actor} failed to start: {_last_line(exc)}")
+            raise RunError(f"ClientActor {actor} failed to start: {last_line(exc)}")
         if self._replaced[actor] >= ACTOR_REPLACEMENTS:
             raise RunError(f"ClientActor {actor} died {self._replaced[actor] + 1} times "
-                           f"(replaced at most {ACTOR_REPLACEMENTS} times): {_first_line(exc)}")
+                           f"(replaced at most {ACTOR_REPLACEMENTS} times): {first_line(exc)}")
         ray.kill(self.actors[actor])  # in case it is only unreachable
         self.actors[actor] = self._create(actor)
         self._replaced[actor] += 1
@@ -231,7 +230,7 @@ class RemoteScheduler:
         try:
             return ray.get(getattr(self.actor, method).remote(*args))
         except RayActorError as exc:
-            raise SchedulerLost(f"the SchedulerActor was lost: {_first_line(exc)}") from None
+            raise SchedulerLost(f"the SchedulerActor was lost: {first_line(exc)}") from None
 
 
 class RayRuntime:
@@ -340,13 +339,6 @@ class RayRuntime:
         self.pool, self._scheduler, self._group = None, None, None
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _last_line(exc: BaseException) -> str:
-    """The last line of ``exc``'s message, without terminal colours."""
-    return plain((str(exc).strip().splitlines() or [type(exc).__name__])[-1])
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ import math
 import numpy as np
 import torch
 
+from raysim.algorithms.keys import floor_share, largest_f
+
 
 def _weight_list(weights) -> list:
     """Weights (a tensor on any device, an array or a sequence) as Python floats."""
@@ -80,7 +82,7 @@ def trimmed_mean(updates: torch.Tensor, weights=None, *, trim: float = 0.1) -> t
     if not 0 <= trim < 0.5:
         raise ValueError(f"trimmed_mean needs 0 <= trim < 0.5, got trim={trim}")
     count = len(updates)
-    cut = math.floor(round(trim * count, 9))  # the rounding keeps 0.29·100 from flooring to 28
+    cut = floor_share(trim, count)
     kept = updates.sort(dim=0).values[cut:count - cut]
     return _scaled(kept.double().mean(dim=0), weights)
 
@@ -109,7 +111,7 @@ def _krum_scores(distances: torch.Tensor, neighbours: int, finite: torch.Tensor)
 def _check_krum(n: int, f: int) -> None:
     if f < 0:
         raise ValueError(f"krum needs f >= 0: f={f}")
-    if n - f - 2 < 1:
+    if f > largest_f("krum", n):
         raise ValueError(f"krum needs n - f - 2 >= 1 neighbours: n={n}, f={f}")
 
 
@@ -186,7 +188,7 @@ def bulyan(updates: torch.Tensor, weights=None, *, f: int = 0) -> torch.Tensor:
     rows, n = updates.double(), len(updates)
     if f == 0 and n < 3:
         return _scaled(rows.mean(dim=0), weights)
-    if f < 0 or n < 4 * f + 3:
+    if f < 0 or f > largest_f("bulyan", n):
         raise ValueError(f"bulyan needs f >= 0 and n >= 4f + 3: n={n}, f={f}")
     distances, remaining, picked = _distances_to_others(rows), list(range(n)), []
     finite = rows.isfinite().all(dim=1)
@@ -206,10 +208,8 @@ def capped_f(n: int, f: int, rule) -> int:
     with n <= 2 krum and multi_krum take any f (the mean), other rules take no f: both get f back. For a short
     last buffer; multi_krum's m must also stay <= n − f'."""
     name = getattr(rule, "__name__", rule)
-    if name in ("krum", "multi_krum") and n > 2:
-        return max(0, min(f, n - 3))
-    if name == "bulyan":
-        return max(0, min(f, (n - 3) // 4))
+    if (name in ("krum", "multi_krum") and n > 2) or name == "bulyan":
+        return max(0, min(f, largest_f(name, n)))
     return f
 
 

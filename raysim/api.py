@@ -31,8 +31,10 @@ class RunResult:
 def make_runtime(cfg):
     """The runtime ``runtime.backend`` names (a run reaches Ray only through it)."""
     if cfg.runtime.backend == "local":
-        from raysim.engine.runtime import LocalRuntime
+        from raysim.engine.interrupts import deferred_signals
 
+        with deferred_signals():  # torch loads here: Ctrl-C waits for it (an import cut short leaves torch broken)
+            from raysim.engine.runtime import LocalRuntime
         return LocalRuntime()
     from actors.runtime import RayRuntime
 
@@ -51,11 +53,8 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     runtime = make_runtime(cfg)
     try:
         with long_lived() if freeze else nullcontext():
-            prepared = prepare(cfg, meanwhile=runtime.start)  # Ray starts while torch loads
-        try:
-            summary = run_scenario(cfg, prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
-        finally:
-            prepared.output.release()
+            prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint)  # Ray starts while torch loads
+        summary = run_scenario(cfg, prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
     finally:
         runtime.close()
     return summary, prepared
@@ -74,8 +73,9 @@ def run(scenario, overrides: Sequence[str] = (), progress=None) -> RunResult:
 
 def resume(run_dir: str, overrides: Sequence[str] = (), progress=None) -> RunResult:
     """Continue the run in ``run_dir`` from its checkpoint, as ``raysim resume`` does; ``overrides``
-    may only change keys that cannot change results (``runtime.*``, ``output.flush_seconds``,
-    ``output.checkpoint_*``). The result equals the uninterrupted run's (wall-clock columns aside)."""
+    may only change keys that cannot change results (``runtime.*``, ``data.on_demand``,
+    ``data.cache_mb``, ``output.flush_seconds``, ``output.checkpoint_*``). The result equals the
+    uninterrupted run's (wall-clock columns aside)."""
     from raysim.engine.resume import load_resume
 
     cfg, checkpoint = load_resume(run_dir, list(overrides))

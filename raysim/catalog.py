@@ -13,6 +13,7 @@ import importlib
 import inspect
 import os
 import sys
+import typing
 
 from raysim.algorithms import keys
 from raysim.data.leaf import FEMNIST_SHAPE, SHAKESPEARE_LENGTH  # the shapes char_lstm and femnist_cnn take
@@ -107,13 +108,38 @@ def algorithm_class(name: str):
         got = f"class {cls.__name__}" if isinstance(cls, type) else type(cls).__name__
         raise ScenarioError("algorithm.name", name, f"a subclass of raysim.algorithms.Algorithm (got {got})")
     given = cls.Keys
-    if not (isinstance(given, type) and dataclasses.is_dataclass(given) and issubclass(given, keys.AlgorithmKeys)):
+    if not (isinstance(given, type) and dataclasses.is_dataclass(given) and issubclass(given, keys.StepKeys)):
         raise ScenarioError("algorithm.name", name, "an algorithm whose Keys is a dataclass derived from "
-                                                    "raysim.algorithms.keys.AlgorithmKeys (such as FedAvgKeys) "
+                                                    "raysim.algorithms.keys.StepKeys (such as FedAvgKeys) "
                                                     f"(its Keys is {getattr(given, '__name__', repr(given))})")
     if cls.client_update is Algorithm.client_update:
         raise ScenarioError("algorithm.name", name, "an algorithm class that defines client_update")
+    try:
+        declared = typing.get_type_hints(given)
+    except Exception as exc:  # an annotation naming what its module does not define
+        raise ScenarioError("algorithm.name", name, f"an algorithm whose Keys annotations resolve ({exc})") from None
+    for field, builtin in builtin_key_types().items():
+        if field in declared and declared[field] not in builtin:  # raysim reads that key as one of these types
+            raise ScenarioError("algorithm.name", name, f"an algorithm whose Keys gives {field} a type raysim's keys "
+                                f"of that name have ({' or '.join(map(_type_text, builtin))}), or another name to its "
+                                f"own key (it declares {field}: {_type_text(declared[field])})")
     return cls
+
+
+@functools.cache
+def builtin_key_types() -> dict:
+    """The types the built-in algorithms give each key name (local_steps: int, or Optional[int])."""
+    types: dict = {}
+    for _, keys_class in ALGORITHMS.values():
+        for name, kind in typing.get_type_hints(keys_class).items():
+            if kind not in types.setdefault(name, []):
+                types[name].append(kind)
+    return types
+
+
+def _type_text(kind) -> str:
+    """``int``, ``Optional[int]``: a type annotation as it is written."""
+    return kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
 
 
 def algorithm_keys(name: str) -> type:

@@ -99,9 +99,9 @@ def _stopped_line(cfg, resuming: bool) -> str:
     yet. A new run stopped during start-up has not cleared the directory: a checkpoint there is an
     earlier run's, which continues this run only if that run had the same scenario."""
     from raysim.config import to_yaml
-    from raysim.engine.checkpoint import CHECKPOINT
     from raysim.lifecycle import terminated
     from raysim.metrics import OutputDir
+    from raysim.metrics.output import CHECKPOINT  # not raysim.engine.checkpoint: torch may be half imported
 
     how, run_dir = "terminated" if terminated() else "interrupted", cfg.output.dir
 
@@ -173,7 +173,7 @@ def cmd_validate(args) -> int:
 def cmd_list(args) -> int:
     import yaml
 
-    from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
+    from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc, algorithm_keys
     from raysim.config import Scenario
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
@@ -184,8 +184,14 @@ def cmd_list(args) -> int:
     def keys(rows):
         return {k: {"default": default, "doc": doc} if doc else {"default": default} for k, default, doc in rows}
 
-    algorithms = {name: {"doc": algorithm_doc(schema), "keys": keys(describe(schema)[1:])}  # [0] is the name
-                  for name, (_, schema) in ALGORITHMS.items()}
+    def algorithm(schema):
+        return {"doc": algorithm_doc(schema), "keys": keys(describe(schema)[1:])}  # [0] is the name
+
+    if args.algorithm is not None:  # one algorithm, a built-in or a custom class
+        print(yaml.safe_dump({args.algorithm: algorithm(algorithm_keys(args.algorithm))}, sort_keys=False,
+                             allow_unicode=True, width=110), end="")
+        return 0
+    algorithms = {name: algorithm(schema) for name, (_, schema) in ALGORITHMS.items()}
     scenario = [row for row in describe(Scenario) if not row[0].startswith("algorithm")]
     listing = {"datasets (data.kind)": DATASETS, "partitioners (data.partition.kind)": PARTITIONERS,
                "models (model.kind)": MODELS, "algorithms (algorithm.name; algorithm.<key>)": algorithms,
@@ -291,6 +297,8 @@ def parser() -> argparse.ArgumentParser:
                                                               "unsets a key the file sets")
     val.set_defaults(func=cmd_validate)
     lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms with their keys, and every scenario key, as YAML")
+    lst.add_argument("algorithm", nargs="?", help="only this algorithm and its keys: a built-in name, or "
+                                                  "package.module:Class (imported from the current directory)")
     lst.set_defaults(func=cmd_list)
     sbm = sub.add_parser("submit", help="run a scenario as a Ray job on a cluster (Job Submission SDK)")
     sbm.add_argument("scenario", help="scenario YAML file inside this repository (it travels with the job)")
@@ -357,7 +365,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from contextlib import nullcontext
 
-    from raysim.lifecycle import Terminated, guarded, handle_signals, terminated
+    from raysim.lifecycle import Terminated, end_with_parent, guarded, handle_signals, terminated
 
     p = parser()
     args, extra = p.parse_known_args(argv)
@@ -367,6 +375,7 @@ def main(argv=None) -> int:
         args.overrides = list(args.overrides) + extra
     handle_signals()  # SIGTERM stops like Ctrl-C; a second signal does not interrupt the clean-up
     try:
+        end_with_parent()  # a sweep's point stops when its sweep does
         with guarded() if args.command in ("run", "resume") else nullcontext():  # no process outlives the run
             return args.func(args)
     except ScenarioError as exc:
@@ -375,9 +384,10 @@ def main(argv=None) -> int:
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RUN_FAILED
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-        print(str(exc) or f"{'terminated' if terminated() else 'interrupted'}: metrics written so far are kept",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated); a run's own line once it has started
+        how = "terminated" if terminated() else "interrupted"
+        starting = args.command in ("run", "resume")
+        print(str(exc) or (f"{how} before the run started: nothing was written" if starting else how), file=sys.stderr)
         return Terminated.EXIT_STATUS if terminated() else EXIT_INTERRUPTED
 
 

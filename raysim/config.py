@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,10 +24,11 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError, Om
 
 from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES, PARTITIONED_FILES, own_split
 from raysim.data.generated import LAWS
-from raysim.errors import ScenarioError
+from raysim.errors import ScenarioError, first_line
 from raysim.algorithms.keys import check_aggregator
 from raysim.schema import (INT64_MAX, Check, Rule, check_numbers, check_values, field_of, inapplicable, key,
-                           non_negative, non_negative_int, one_of, positive, positive_int, when)
+                           non_negative, non_negative_int, one_of, positive, positive_int, require, require_one_of,
+                           when)
 from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig, byzantine_count
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
@@ -48,7 +50,7 @@ def _partition(kind: str):
 
 @dataclass
 class PartitionConfig:
-    """How a centralized data set (digits) is split across clients."""
+    """How a centralized data set (digits, blobs, and the image files: SPLIT_KINDS) is split across clients."""
 
     kind: str = key("iid", "iid | dirichlet | shards | pathological (raysim list: partitioners)")
     alpha: float = key(0.5, "dirichlet: concentration of the per-class Dirichlet(alpha) proportions (smaller: more "
@@ -194,6 +196,15 @@ class RuntimeConfig:
                                          f"an integer in [1, {MAX_TORCH_THREADS}]"))
 
 
+def actors_that_fit(cpus: float, gpus: float | None, runtime_cfg) -> int:
+    """ClientActors whose runtime.cpus_per_actor and gpus_per_actor shares fit on a node of ``cpus``
+    and ``gpus`` (None: not counted), a whole share each."""
+    fit = math.floor(cpus / runtime_cfg.cpus_per_actor + 1e-9)  # 1.0 / 0.1 is 9.999…: ten actors
+    if runtime_cfg.gpus_per_actor > 0 and gpus is not None:
+        fit = min(fit, math.floor(gpus / runtime_cfg.gpus_per_actor + 1e-9))
+    return fit
+
+
 ADAPTS = Rule(lambda cfg: cfg.eval.personalized_steps > 0 or cfg.eval.personalized_epochs > 0,
               "eval.personalized_steps > 0 or eval.personalized_epochs > 0", lambda cfg: "both are 0")
 
@@ -218,8 +229,9 @@ class EvalConfig:
                                        "sample of this many clients, the same at every evaluation (null: every "
                                        "client)", check=positive_int, when=when("data.kind", "quadratic", negate=True))
     where: str = key("auto", "where the global model is tested: driver (the scheduler's process) | actors (the "
-                             "ClientActors, in parallel, on their devices) | auto (actors when they have GPUs and "
-                             "rounds are synchronous, else driver); the same bits on the same kind of device",
+                             "ClientActors, in parallel, on their devices; with runtime.backend=local the client "
+                             "host in the same process, which runs the actors' code) | auto (actors when they have "
+                             "GPUs and rounds are synchronous, else driver); the same bits on the same kind of device",
                      check=one_of("auto", "driver", "actors"), when=when("data.kind", "quadratic", negate=True))
     curvature: bool = key(False, "log the exact objective J (mean client training loss plus the weight-decay "
                                  "term), its gradient's squared norm and the least eigenvalue of its Hessian at "
@@ -315,8 +327,8 @@ def _unset(layers: list, overrides) -> list:
         parent, _, name = item[1:].rpartition(".")
         nodes = [OmegaConf.select(layer, parent) if parent else layer for layer in layers] if name else []
         holders = [node for node in nodes if isinstance(node, DictConfig) and name in node]
-        _check(bool(holders) and "=" not in item, "override", item,
-               "~KEY, for a key the scenario sets (its default then applies)")
+        require(bool(holders) and "=" not in item, "override", item,
+                "~KEY, for a key the scenario sets (its default then applies)")
         for node in holders:
             del node[name]
     return rest
@@ -348,7 +360,7 @@ def _algorithm_section(layers: list) -> DictConfig:
         section = OmegaConf.structured(keys)
     except OmegaConfBaseException as exc:  # a custom algorithm's Keys with a default of the wrong type
         raise ScenarioError("algorithm.name", name, f"an algorithm whose Keys have defaults of their types "
-                                                    f"({str(exc).splitlines()[0]}: {exc.full_key})") from None
+                                                    f"({first_line(exc)}: {exc.full_key})") from None
     for layer in layers:
         _check_layer(layer, section, "algorithm.", f"a key of algorithm.name={name}", from_file=layer is not layers[-1])
         try:
@@ -402,7 +414,7 @@ def _yaml_problem(exc: Exception) -> str:
     problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
     if mark is not None:
         return f"line {mark.line + 1}, column {mark.column + 1}: {problem or type(exc).__name__}"
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first_line(exc)
 
 
 def _parse_overrides(overrides) -> DictConfig:
@@ -417,7 +429,7 @@ def _parse_overrides(overrides) -> DictConfig:
             raise ScenarioError("override", " ".join(overrides), f"key=value pairs ({exc})") from None
         except yaml.YAMLError as exc:
             key, value = item.split("=", 1)
-            problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+            problem = getattr(exc, "problem", None) or first_line(exc)
             raise ScenarioError(key, value, f"a YAML value ({problem})") from None
     return layer
 
@@ -446,15 +458,15 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
             _check_entry(layer, name, section, path, what)
         elif isinstance(declared, ListConfig):
             entry = declared._metadata.element_type
-            _check(isinstance(child, ListConfig), path, _raw(layer, name), f"a list of {_type_name(entry)}")
+            require(isinstance(child, ListConfig), path, _raw(layer, name), f"a list of {_type_name(entry)}")
             for i in range(len(child)):
                 if dataclasses.is_dataclass(entry):
                     _check_entry(child, i, entry, f"{path}[{i}]", what)
                 elif entry in (int, float, str, bool):  # omegaconf lets a list or a mapping stand in for one
-                    _check(not isinstance(child._get_node(i), (DictConfig, ListConfig)), f"{path}[{i}]",
-                           _raw(child, i), f"a value of type {_type_name(entry)}")
+                    require(not isinstance(child._get_node(i), (DictConfig, ListConfig)), f"{path}[{i}]",
+                            _raw(child, i), f"a value of type {_type_name(entry)}")
         elif isinstance(declared, DictConfig):  # a free-form mapping, e.g. model.options
-            _check(isinstance(child, DictConfig), path, _raw(layer, name), "a mapping of keys to values")
+            require(isinstance(child, DictConfig), path, _raw(layer, name), "a mapping of keys to values")
 
 
 def _suggestion(path: str, name: str, schema: DictConfig) -> tuple[str, bool]:
@@ -472,8 +484,8 @@ def _suggestion(path: str, name: str, schema: DictConfig) -> tuple[str, bool]:
 def _check_entry(parent, key, section: type, path: str, what: str) -> None:
     """``parent[key]`` holds a mapping of the keys of ``section`` (a dataclass) with values of their types."""
     child, schema = parent._get_node(key), OmegaConf.structured(section)
-    _check(isinstance(child, DictConfig), path, _raw(parent, key),
-           "a mapping of keys (" + ", ".join(schema.keys()) + ")")
+    require(isinstance(child, DictConfig), path, _raw(parent, key),
+            "a mapping of keys (" + ", ".join(schema.keys()) + ")")
     _check_layer(child, schema, path + ".", what)
     try:
         OmegaConf.merge(schema, OmegaConf.create(OmegaConf.to_container(child)))
@@ -491,7 +503,7 @@ def _translate(exc: OmegaConfBaseException, schema: type = Scenario, prefix: str
     dataclass whose merge failed; ``prefix``: its section's path)."""
     key = getattr(exc, "full_key", None) or "scenario"
     if isinstance(exc, (InterpolationResolutionError, GrammarParseError)):
-        return ScenarioError(prefix + key, "${...}", f"an interpolation that resolves ({str(exc).splitlines()[0]})")
+        return ScenarioError(prefix + key, "${...}", f"an interpolation that resolves ({first_line(exc)})")
     return ScenarioError(prefix + key, getattr(exc, "value", None), f"a value of type {_declared_type(key, schema)}")
 
 
@@ -517,42 +529,31 @@ def _type_name(declared) -> str:
 
 # ----------------------------------------------------------------------------- validation
 
-def _check(ok: bool, key: str, value, allowed: str) -> None:
-    if not ok:
-        raise ScenarioError(key, value, allowed)
-
-
-def _one_of(key: str, value, names) -> None:
-    names = sorted(names)
-    _check(value in names, key, value, "one of " + ", ".join(names))
-
-
-def _positive(key: str, value) -> None:
-    _check(value > 0, key, value, "a number > 0")
-
-
-def _non_negative(key: str, value) -> None:
-    _check(value >= 0, key, value, "a number >= 0")
-
-
 def _custom_or_one_of(path: str, name: str, builtins, options, what: str) -> None:
     """``name`` is a built-in, or ``package.module:function`` that imports to a callable; the
     section's ``options`` (keyword arguments) are only for such a function."""
     from raysim.catalog import import_object
 
     if ":" not in name:
-        _one_of(path, name, builtins)
+        require_one_of(path, name, builtins)
         section = path.rsplit(".", 1)[0]
-        _check(not options, f"{section}.options", OmegaConf.to_container(options), f"no setting (it applies only "
-               f"with a custom {path}: package.module:function; here {path} = {name!r})")
+        require(not options, f"{section}.options", OmegaConf.to_container(options), f"no setting (it applies only "
+                f"with a custom {path}: package.module:function; here {path} = {name!r})")
     elif not callable(import_object(path, name, what)):
         raise ScenarioError(path, name, what)
 
 
+def check_clients_per_round(cfg, num_clients: int) -> None:
+    """A synchronous round samples at most every one of the data set's ``num_clients`` clients."""
+    k = cfg.execution.clients_per_round
+    require(cfg.execution.mode != "sync" or 1 <= k <= num_clients, "execution.clients_per_round", k,
+            f"an integer in [1, {num_clients}] (the data set's number of clients)")
+
+
 def check_eval_clients(clients: int | None, num_clients: int) -> None:
     """``eval.clients`` is null or at most the number of clients."""
-    _check(clients is None or clients <= num_clients, "eval.clients", clients,
-           f"null (every client) or an integer in [1, {num_clients}] (the data set's number of clients)")
+    require(clients is None or clients <= num_clients, "eval.clients", clients,
+            f"null (every client) or an integer in [1, {num_clients}] (the data set's number of clients)")
 
 
 def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
@@ -566,114 +567,115 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     from raysim.footprint import check_curvature, model_size
     from raysim.system import validate_system
 
-    _check(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
-           "a non-empty name of letters, digits, '.', '_' or '-'")
-    _check(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
+    require(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
+            "a non-empty name of letters, digits, '.', '_' or '-'")
+    require(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
     check_num_clients(cfg.data.num_clients)
     check_numbers(cfg)
 
     d = cfg.data
     _custom_or_one_of("data.kind", d.kind, DATASETS, d.options, "a function returning a raysim.data.FederatedDataset")
-    _check(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
-    _non_negative("data.alpha", d.alpha)
-    _non_negative("data.beta", d.beta)
+    require(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
+    non_negative("data.alpha", d.alpha)
+    non_negative("data.beta", d.beta)
     if d.kind in SPLIT_KINDS:
         p = d.partition
-        _one_of("data.partition.kind", p.kind, PARTITIONERS)
+        require_one_of("data.partition.kind", p.kind, PARTITIONERS)
         check_values(cfg, PartitionConfig, "data.partition")
         if p.kind == "pathological":
-            _check(d.num_clients % 2 == 0, "data.num_clients", d.num_clients,
-                   "an even number with data.partition.kind=pathological")
+            require(d.num_clients % 2 == 0, "data.num_clients", d.num_clients,
+                    "an even number with data.partition.kind=pathological")
     if d.kind in DATA_FILES:
         exists = os.path.isdir if d.kind in PARTITIONED_FILES else os.path.exists
-        _check(d.path is not None and exists(d.path), "data.path", d.path, "an existing " + DATA_FILES[d.kind])
+        require(d.path is not None and exists(d.path), "data.path", d.path, "an existing " + DATA_FILES[d.kind])
     if d.image_shape is not None and d.kind == "synthetic_images":
-        _check(len(d.image_shape) == 3 and all(s > 0 for s in d.image_shape) and d.image_shape[1] % 4 == 0
-               and d.image_shape[2] % 4 == 0, "data.image_shape", list(d.image_shape),
-               "[channels, height, width] of positive sizes, height and width multiples of 4")
+        require(len(d.image_shape) == 3 and all(s > 0 for s in d.image_shape) and d.image_shape[1] % 4 == 0
+                and d.image_shape[2] % 4 == 0, "data.image_shape", list(d.image_shape),
+                "[channels, height, width] of positive sizes, height and width multiples of 4")
     elif d.image_shape is not None:
-        _check(len(d.image_shape) in (2, 3) and all(s > 0 for s in d.image_shape), "data.image_shape",
-               list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
+        require(len(d.image_shape) in (2, 3) and all(s > 0 for s in d.image_shape), "data.image_shape",
+                list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
     if d.kind in ("blobs", "synthetic_images"):
-        _check(isinstance(d.num_classes, int) and d.num_classes >= 2, "data.num_classes", d.num_classes,
-               "an integer >= 2")
+        require(isinstance(d.num_classes, int) and d.num_classes >= 2, "data.num_classes", d.num_classes,
+                "an integer >= 2")
     check_values(cfg, DataConfig, "data")
 
     m = cfg.model
     _custom_or_one_of("model.kind", m.kind, MODELS, m.options, "a function returning a torch.nn.Module")
-    _check((m.kind == "quadratic") == (d.kind == "quadratic"), "model.kind", m.kind,
-           "quadratic with data.kind=quadratic" if d.kind == "quadratic"
-           else "a model for row data (not quadratic, which needs data.kind=quadratic)")
-    _check((m.kind == "bilinear") == (d.kind == "saddle"), "model.kind", m.kind,
-           "bilinear with data.kind=saddle" if d.kind == "saddle"
-           else "a model for this data (not bilinear, which needs data.kind=saddle)")
+    require((m.kind == "quadratic") == (d.kind == "quadratic"), "model.kind", m.kind,
+            "quadratic with data.kind=quadratic" if d.kind == "quadratic"
+            else "a model for row data (not quadratic, which needs data.kind=quadratic)")
+    require((m.kind == "bilinear") == (d.kind == "saddle"), "model.kind", m.kind,
+            "bilinear with data.kind=saddle" if d.kind == "saddle"
+            else "a model for this data (not bilinear, which needs data.kind=saddle)")
     check_values(cfg, ModelConfig, "model")
     if cfg.eval.curvature:
-        _check(d.kind != "quadratic", "eval.curvature", True,
-               "false with data.kind=quadratic (its exact metrics are logged at every server step already)")
+        require(d.kind != "quadratic", "eval.curvature", True,
+                "false with data.kind=quadratic (its exact metrics are logged at every server step already)")
         check_curvature(model_size(cfg))  # a custom model is checked once built (simulation.prepare)
     personal = m.personal if isinstance(m.personal, str) else OmegaConf.to_container(m.personal)
-    _check(personal in PERSONAL_MODES or (isinstance(personal, list) and personal
-                                          and all(isinstance(x, str) for x in personal)),
-           "model.personal", personal, "one of " + ", ".join(PERSONAL_MODES) + ", or a list of parameter-name patterns")
-    _one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
+    require(personal in PERSONAL_MODES or (isinstance(personal, list) and personal
+                                           and all(isinstance(x, str) for x in personal)),
+            "model.personal", personal,
+            "one of " + ", ".join(PERSONAL_MODES) + ", or a list of parameter-name patterns")
+    require_one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
     check_init(personal, m.personal_init)  # personal_init is one of PERSONAL_INITS, and fits the split
-    _check(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
-    _one_of("model.activation", m.activation, ACTIVATIONS)
-    _check(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
-           "a non-empty list of positive channel counts")
+    require(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
+    require_one_of("model.activation", m.activation, ACTIVATIONS)
+    require(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
+            "a non-empty list of positive channel counts")
 
     keys = algorithm_keys(cfg.algorithm.name)
     check_values(cfg, keys, "algorithm")
 
     e = cfg.execution
-    _one_of("execution.mode", e.mode, ["async", "sync"])
+    require_one_of("execution.mode", e.mode, ["async", "sync"])
     if e.deadline is not None:
-        _positive("execution.deadline", e.deadline)
-    _check(e.over_selection >= 1.0, "execution.over_selection", e.over_selection, "a factor >= 1 (1: no over-selection)")
-    _one_of("execution.aggregation", e.aggregation, ["fedasync", "fedbuff"])
-    _one_of("execution.staleness.kind", e.staleness.kind, ["constant", "hinge", "polynomial"])
-    _non_negative("execution.staleness.a", e.staleness.a)
-    _non_negative("execution.staleness.b", e.staleness.b)
+        positive("execution.deadline", e.deadline)
+    require(e.over_selection >= 1.0, "execution.over_selection", e.over_selection,
+            "a factor >= 1 (1: no over-selection)")
+    require_one_of("execution.aggregation", e.aggregation, ["fedasync", "fedbuff"])
+    require_one_of("execution.staleness.kind", e.staleness.kind, ["constant", "hinge", "polynomial"])
+    non_negative("execution.staleness.a", e.staleness.a)
+    non_negative("execution.staleness.b", e.staleness.b)
     if e.max_virtual_time is not None:
-        _positive("execution.max_virtual_time", e.max_virtual_time)
+        positive("execution.max_virtual_time", e.max_virtual_time)
     if e.target_accuracy is not None:
-        _check(0 < e.target_accuracy <= 1, "execution.target_accuracy", e.target_accuracy, "a number in (0, 1]")
+        require(0 < e.target_accuracy <= 1, "execution.target_accuracy", e.target_accuracy, "a number in (0, 1]")
     if e.mode == "async":
-        _check(e.max_updates is not None or e.max_virtual_time is not None, "execution.max_updates", None,
-               "a budget for async mode: execution.max_updates or execution.max_virtual_time "
-               "(execution.target_accuracy may stop it earlier)")
+        require(e.max_updates is not None or e.max_virtual_time is not None, "execution.max_updates", None,
+                "a budget for async mode: execution.max_updates or execution.max_virtual_time "
+                "(execution.target_accuracy may stop it earlier)")
         if e.target_accuracy is not None:
-            _check(cfg.eval.every > 0, "eval.every", cfg.eval.every,
-                   "> 0 with execution.target_accuracy (accuracy is only known at evaluations)")
-    if e.mode == "sync" and d.kind not in CLIENTS_FROM_FILES:  # else the files decide: checked once read
-        _check(1 <= e.clients_per_round <= d.num_clients, "execution.clients_per_round", e.clients_per_round,
-               f"an integer in [1, data.num_clients={d.num_clients}]")
+            require(cfg.eval.every > 0, "eval.every", cfg.eval.every,
+                    "> 0 with execution.target_accuracy (accuracy is only known at evaluations)")
+    if d.kind not in CLIENTS_FROM_FILES:  # else the files decide: checked once read
+        check_clients_per_round(cfg, d.num_clients)
     check_values(cfg, ExecutionConfig, "execution")
 
     r = cfg.runtime
-    _one_of("runtime.backend", r.backend, ["local", "ray"])
-    _one_of("runtime.scheduler", r.scheduler, ["actor", "auto", "driver"])
-    _one_of("runtime.placement", r.placement, ["pack", "spread"])
+    require_one_of("runtime.backend", r.backend, ["local", "ray"])
+    require_one_of("runtime.scheduler", r.scheduler, ["actor", "auto", "driver"])
+    require_one_of("runtime.placement", r.placement, ["pack", "spread"])
     na = r.num_actors
-    _check(na == "auto" or (isinstance(na, int) and not isinstance(na, bool) and na > 0),
-           "runtime.num_actors", na, "a positive integer or 'auto'")
-    _positive("runtime.cpus_per_actor", r.cpus_per_actor)
-    _non_negative("runtime.gpus_per_actor", r.gpus_per_actor)
-    _check(r.gpus_per_actor <= 1 or float(r.gpus_per_actor).is_integer(), "runtime.gpus_per_actor",
-           r.gpus_per_actor, "a fraction in [0, 1] or a whole number of GPUs")
+    require(na == "auto" or (isinstance(na, int) and not isinstance(na, bool) and na > 0),
+            "runtime.num_actors", na, "a positive integer or 'auto'")
+    positive("runtime.cpus_per_actor", r.cpus_per_actor)
+    non_negative("runtime.gpus_per_actor", r.gpus_per_actor)
+    require(r.gpus_per_actor <= 1 or float(r.gpus_per_actor).is_integer(), "runtime.gpus_per_actor",
+            r.gpus_per_actor, "a fraction in [0, 1] or a whole number of GPUs")
     if r.num_gpus is not None:
-        _non_negative("runtime.num_gpus", r.num_gpus)
+        non_negative("runtime.num_gpus", r.num_gpus)
     cpt = r.clients_per_task
-    _check(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
-           "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
+    require(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
+            "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
     check_values(cfg, RuntimeConfig, "runtime")
     if r.backend == "ray":
         for path in ("data.kind", "model.kind", "algorithm.name", "algorithm.aggregator"):
             target = OmegaConf.select(cfg, path)
-            _check(not (isinstance(target, str) and target.startswith("__main__:")), path, target,
-                   "a package.module:name that Ray's worker processes can import (__main__ is the driver's "
-                   "script there: move the definition into a module, or use runtime.backend=local)")
+            require(not (isinstance(target, str) and target.startswith("__main__:")), path, target,
+                    "a package.module:name that Ray's worker processes can import (__main__ is the driver's "
+                    "script there: move the definition into a module, or use runtime.backend=local)")
 
     validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
     _check_byzantine(cfg)
@@ -683,7 +685,7 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     if d.kind not in CLIENTS_FROM_FILES:  # else the files decide the number of clients: checked once read
         check_eval_clients(v.clients, d.num_clients)
 
-    _check(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
+    require(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     check_values(cfg, OutputConfig, "output")
     from raysim.metrics.tensorboard import check_tensorboard
 
@@ -715,17 +717,17 @@ def _check_byzantine(cfg: DictConfig) -> None:
     """Byzantine clients exist if asked for, and their attack fits the data and the execution mode."""
     b, e, d = cfg.system.byzantine, cfg.execution, cfg.data
     if b.fraction > 0 and d.kind not in CLIENTS_FROM_FILES:
-        _check(byzantine_count(b, d.num_clients) > 0, "system.byzantine.fraction", b.fraction,
-               f"0, or a share that marks at least one of the data.num_clients={d.num_clients} clients "
-               f"(round(fraction × clients) Byzantine clients)")
+        require(byzantine_count(b, d.num_clients) > 0, "system.byzantine.fraction", b.fraction,
+                f"0, or a share that marks at least one of the data.num_clients={d.num_clients} clients "
+                f"(round(fraction × clients) Byzantine clients)")
     if b.attack == "label_flip":
-        _check(cfg.data.kind != "quadratic", "system.byzantine.attack", b.attack,
-               "an update attack (sign_flip, gaussian, nan, alie, ipm) with data.kind=quadratic (its clients "
-               "have no labels to flip)")
+        require(cfg.data.kind != "quadratic", "system.byzantine.attack", b.attack,
+                "an update attack (sign_flip, gaussian, nan, alie, ipm) with data.kind=quadratic (its clients "
+                "have no labels to flip)")
     if b.attack in OMNISCIENT_ATTACKS and e.mode == "async" and e.aggregation == "fedasync":
-        _check(b.window is not None, "system.byzantine.window", b.window,
-               f"a positive number of honest updates for attack {b.attack} under execution.aggregation=fedasync "
-               "(a step holds one update: the attack sees the last `window` honest ones)")
+        require(b.window is not None, "system.byzantine.window", b.window,
+                f"a positive number of honest updates for attack {b.attack} under execution.aggregation=fedasync "
+                "(a step holds one update: the attack sees the last `window` honest ones)")
 
 
 def scenario_object(container: dict) -> Scenario:

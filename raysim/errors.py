@@ -5,9 +5,18 @@ import re
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes, as torch and Ray put in their messages
 
 
-def plain(text: str) -> str:
-    """``text`` without terminal colour codes."""
-    return _COLOURS.sub("", text)
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message without terminal colours (its type's name if it has none)."""
+    return _lines(exc)[0]
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of ``exc``'s message without terminal colours (its type's name if it has none)."""
+    return _lines(exc)[-1]
+
+
+def _lines(exc: BaseException) -> list:
+    return _COLOURS.sub("", str(exc)).strip().splitlines() or [type(exc).__name__]
 
 
 class ScenarioError(ValueError):

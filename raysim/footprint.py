@@ -24,6 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from raysim.config import actors_that_fit
 from raysim.data._checks import QUADRATIC_THREADS, quadratic_shapes
 from raysim.data.files import DATA_FILES
 from raysim.data.leaf import SHAKESPEARE_LENGTH
@@ -319,12 +320,13 @@ def _model_keys(cfg) -> tuple:
 
 
 def _actors(r) -> int:
-    """Client hosts: runtime.num_actors, or for 'auto' the CPUs an embedded Ray declares per actor."""
+    """Client hosts: runtime.num_actors, or for 'auto' those that fit the CPUs (and GPUs when
+    runtime.num_gpus says) an embedded Ray declares."""
     if r.backend == "local":
         return 1
     if r.num_actors != "auto":
         return r.num_actors
-    return max(1, int((r.num_cpus or os.cpu_count() or 1) // r.cpus_per_actor))
+    return max(1, actors_that_fit(r.num_cpus or os.cpu_count() or 1, r.num_gpus, r))
 
 
 def _in_flight(cfg, actors: int) -> tuple:

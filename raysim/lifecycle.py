@@ -1,7 +1,8 @@
 """How a run's driver process ends: signals, and a guardian that ends what the driver leaves behind.
 
 SIGTERM stops a run as Ctrl-C does (:class:`Terminated` is a KeyboardInterrupt); the first
-SIGINT or SIGTERM raises, later ones only print ``stopping…`` so that the clean-up finishes.
+SIGINT or SIGTERM raises, later ones only print ``stopping…`` so that the clean-up finishes. A
+run started by a sweep gets SIGTERM when the sweep's process ends (:func:`end_with_parent`).
 
 The guardian (:func:`guarded`) is a small process (standard library and psutil only) started
 before Ray: it records the driver's descendants as they appear (Ray's daemons, and the
@@ -26,6 +27,8 @@ import psutil
 
 POLL_SECONDS = 0.25  # how often the guardian records the driver's descendants
 GRACE_SECONDS = 2.0  # between SIGTERM and SIGKILL
+END_WITH_PARENT = "RAYSIM_END_WITH_PARENT"  # the parent's pid, in a child's environment: see end_with_parent
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that started it ends
 
 
 class Terminated(KeyboardInterrupt):
@@ -65,6 +68,21 @@ def _later_signal(signum, frame):
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     print("stopping…", file=sys.stderr, flush=True)
+
+
+def end_with_parent() -> None:
+    """In a process started with :data:`END_WITH_PARENT` set to its parent's pid (a sweep's point),
+    have Linux send it SIGTERM when that parent ends, even by SIGKILL, so that the process stops as
+    on Ctrl-C instead of running on alone; at once if the parent has already gone. The variable is
+    removed, so this process's own children do not see it. Elsewhere than Linux, nothing."""
+    parent = os.environ.pop(END_WITH_PARENT, None)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # it ended before the request: nobody would send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @contextmanager

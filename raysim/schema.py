@@ -55,7 +55,22 @@ open_unit_interval = Check(lambda v: _finite(v) and 0 < v < 1, "a probability in
 
 def one_of(*names: str) -> Check:
     """The value is one of ``names``."""
-    return Check(lambda v: v in names, "one of " + ", ".join(sorted(names)))
+    return Check(lambda v: v in names, _one_of_text(names))
+
+
+def require(ok: bool, path: str, value, allowed: str) -> None:
+    """A check written out in a validator: ScenarioError(path, value, allowed) unless ``ok``."""
+    if not ok:
+        raise ScenarioError(path, value, allowed)
+
+
+def require_one_of(path: str, value, names) -> None:
+    """ScenarioError unless ``value`` is one of ``names`` (None included: it is no name)."""
+    require(value in names, path, value, _one_of_text(names))
+
+
+def _one_of_text(names) -> str:
+    return "one of " + ", ".join(sorted(names))
 
 
 @dataclass(frozen=True)
@@ -213,19 +228,15 @@ def inapplicable(cfg, schema: type, section: str, path: str) -> str | None:
     return None
 
 
-def describe(schema: type, values: dict | None = None) -> list[tuple[str, Any, str]]:
-    """(key, default, doc) for every key of ``schema`` (sub-sections flattened with dots);
-    ``values`` overrides the defaults shown."""
+def describe(schema: type) -> list[tuple[str, Any, str]]:
+    """(key, default, doc) for every key of ``schema`` (sub-sections flattened with dots)."""
     rows = []
-    values = values or {}
     for f in fields_of(schema):
         sub = nested_schema(f)
         if sub is not None:
-            rows += [(f"{f.name}.{k}", v, d) for k, v, d in describe(sub, values.get(f.name))]
+            rows += [(f"{f.name}.{k}", v, d) for k, v, d in describe(sub)]
             continue
-        if f.name in values:
-            default = values[f.name]
-        elif f.default_factory is not dataclasses.MISSING:
+        if f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
             default = f.default

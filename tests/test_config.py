@@ -31,7 +31,8 @@ def test_overrides_and_interpolation():
     (["nonsense=3"], "nonsense", ["algorithm", "execution"]),
     (["execution.rounds=abc"], "execution.rounds", ["abc", "int"]),
     (["data.num_clients=-5"], "data.num_clients", ["-5", "an integer in [1, 2147483647]"]),
-    (["execution.clients_per_round=500"], "execution.clients_per_round", ["500", "[1, data.num_clients=100]"]),
+    (["execution.clients_per_round=500"], "execution.clients_per_round",
+     ["500", "[1, 100] (the data set's number of clients)"]),
     (["algorithm.lr=0"], "algorithm.lr", ["0", "> 0"]),
     (["algorithm.lr=-0.1"], "algorithm.lr", ["-0.1", "> 0"]),
     (["data.kind=imagenet"], "data.kind", ["imagenet", "digits, fashion_mnist, gaussian_mixture, leaf, leaf_synthetic"]),
@@ -61,7 +62,8 @@ def test_missing_scenario_file():
 def test_cli_prints_one_line_and_exits_2(capsys):
     assert main(["validate", "scenarios/quickstart.yaml", "execution.clients_per_round=101"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: execution.clients_per_round = 101: expected an integer in [1, data.num_clients=100]"]
+    assert err == ["error: execution.clients_per_round = 101: expected an integer in [1, 100] (the data set's number "
+                   "of clients)"]
 
 
 def test_cli_validate_ok(capsys):
@@ -124,6 +126,20 @@ def test_list_shows_names_and_keys_as_yaml(capsys):
     keys = listing["scenario keys"]
     assert keys["runtime.gpus_per_actor"]["default"] == 0.0 and keys["data.partition.kind"]["default"] == "iid"
     assert keys["execution.deadline"]["doc"].startswith("sync:")
+
+
+def test_list_of_one_algorithm_shows_its_keys_also_for_a_custom_class(capsys, monkeypatch):
+    import yaml
+
+    assert main(["list", "fedprox"]) == 0
+    fedprox = yaml.safe_load(capsys.readouterr().out)
+    assert list(fedprox) == ["fedprox"] and fedprox["fedprox"]["keys"]["prox_mu"]["default"] == 0.01
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # custom classes import from the current directory
+    assert main(["list", "examples.fednova:FedNova"]) == 0
+    nova = yaml.safe_load(capsys.readouterr().out)["examples.fednova:FedNova"]
+    assert nova["doc"].startswith("FedNova:") and nova["keys"]["lr"]["default"] == 0.05
+    assert main(["list", "fedsgd"]) == 2
+    assert capsys.readouterr().err.startswith("error: algorithm.name = 'fedsgd': expected one of fedacg, ")
 
 
 @pytest.mark.parametrize("source, overrides", [

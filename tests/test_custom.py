@@ -68,6 +68,19 @@ class DictKeys(Algorithm):
 
     def client_update(self, payloads, ctx):
         raise NotImplementedError
+
+from dataclasses import dataclass
+from raysim.algorithms.keys import AlgorithmKeys, MinibatchKeys
+
+class NoStepKeys(DictKeys):
+    Keys = AlgorithmKeys  # only a name: no lr, local_steps, … which every client's steps read
+
+@dataclass
+class IntAggregatorKeys(MinibatchKeys):
+    aggregator: int = 3
+
+class IntAggregator(DictKeys):
+    Keys = IntAggregatorKeys
 '''
 
 
@@ -180,8 +193,16 @@ def test_custom_entries_fail_with_one_line_naming_the_key(tmp_path, parts, overr
                                                      "algorithm class that defines client_update"),
     (["algorithm.name=my_parts.lib:DictKeys"], "algorithm.name = 'my_parts.lib:DictKeys': expected an algorithm "
                                                "whose Keys is a dataclass derived from "
-                                               "raysim.algorithms.keys.AlgorithmKeys (such as FedAvgKeys) (its Keys "
+                                               "raysim.algorithms.keys.StepKeys (such as FedAvgKeys) (its Keys "
                                                "is dict)"),
+    (["algorithm.name=my_parts.lib:NoStepKeys"], "algorithm.name = 'my_parts.lib:NoStepKeys': expected an algorithm "
+                                                 "whose Keys is a dataclass derived from "
+                                                 "raysim.algorithms.keys.StepKeys (such as FedAvgKeys) (its Keys "
+                                                 "is AlgorithmKeys)"),
+    (["algorithm.name=my_parts.lib:IntAggregator"], "algorithm.name = 'my_parts.lib:IntAggregator': expected an "
+                                                    "algorithm whose Keys gives aggregator a type raysim's keys of "
+                                                    "that name have (str), or another name to its own key (it "
+                                                    "declares aggregator: int)"),
 ])
 def test_custom_code_that_cannot_work_is_one_line_at_validate(parts, capsys, overrides, message):
     """What a custom data set, model or algorithm returns or declares is checked when it is built

@@ -114,6 +114,48 @@ def test_ctrl_c_while_ray_starts_exits_130_and_leaves_no_process(raysim_run, tmp
     assert {name: (tmp_path / "run" / name).read_bytes() for name in earlier} == earlier  # left as it was
 
 
+def test_ctrl_c_while_the_local_backend_loads_torch_waits_for_the_import():
+    """A signal that arrives while torch is being imported (in the main thread, for the local
+    backend) is delivered once the import is over: an import cut short would leave torch broken for
+    the lines that follow (a traceback, or a crash)."""
+    script = textwrap.dedent("""
+        import signal, sys, threading, time
+        from raysim.api import make_runtime
+        from raysim.config import load_scenario
+        from raysim.lifecycle import handle_signals
+        cfg = load_scenario("scenarios/quickstart.yaml", ["runtime.backend=local"])
+        assert "torch" not in sys.modules
+        handle_signals()
+        threading.Timer(0.2, signal.raise_signal, (signal.SIGINT,)).start()  # torch takes longer than that
+        try:
+            make_runtime(cfg)
+            time.sleep(30)
+        except KeyboardInterrupt:
+            import torch
+            print("usable", float(torch.ones(2).sum()))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "usable 2.0", proc.stderr
+
+
+def test_ctrl_c_before_the_scenario_is_loaded_says_nothing_was_written(tmp_path, monkeypatch, capsys):
+    from raysim.cli import main
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("raysim.config.load_scenario", interrupted)
+    monkeypatch.setattr("raysim.lifecycle.guarded", __import__("contextlib").nullcontext)  # it would end this
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}     # session's Ray
+    try:
+        assert main(["run", "scenarios/quickstart.yaml", f"output.dir={tmp_path}/out"]) == 130
+    finally:  # main() leaves its handlers, which after a first signal ignore the next ones
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err.strip() == "interrupted before the run started: nothing was written"
+    assert not (tmp_path / "out").exists()
+
+
 def test_two_quick_ctrl_c_exit_130_and_leave_no_process(raysim_run):
     proc = raysim_run()
     _wait_for_actors(proc)
@@ -239,3 +281,15 @@ def test_embedded_plan_checks_only_a_private_ray(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # as inside a Ray job
     assert embedded_plan(cfg.runtime) is None
+
+
+@pytest.mark.parametrize("shares", [["runtime.num_cpus=3", "runtime.cpus_per_actor=0.1"],
+                                    ["runtime.num_cpus=8", "runtime.num_gpus=2", "runtime.gpus_per_actor=0.5"]])
+def test_the_memory_estimate_counts_the_actors_the_plan_starts(shares):
+    from actors.runtime import embedded_plan
+    from raysim.footprint import _actors
+
+    cfg = load_scenario("scenarios/quickstart.yaml", shares)
+    planned = embedded_plan(cfg.runtime)
+    assert planned == (30 if "runtime.cpus_per_actor=0.1" in shares else 4)  # 3 / 0.1 is 29.99…; 2 GPUs / 0.5
+    assert _actors(cfg.runtime) == planned  # the estimate's count of client hosts

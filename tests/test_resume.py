@@ -21,7 +21,9 @@ import torch
 from conftest import small_overrides, small_scenario
 
 import raysim
+from raysim.api import execute
 from raysim.config import load_scenario
+from raysim.engine.resume import load_resume
 from raysim.errors import RunError, ScenarioError
 
 STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",
@@ -125,11 +127,20 @@ def test_resume_refuses_keys_that_change_results_and_finished_runs(tmp_path):
     message = str(refused.value)
     assert message.startswith("run_dir = ") and "a readable checkpoint.pt: Weights only load failed" in message
     assert "\n" not in message and "\x1b" not in message  # one plain line, without torch's colour codes
+    checkpoint.write_bytes(b"")  # a file cut to nothing: torch's error has no message
+    with pytest.raises(ScenarioError, match="a readable checkpoint.pt: EOFError$"):
+        raysim.resume(cfg.output.dir)
     checkpoint.write_bytes(saved)
+    stale = load_resume(cfg.output.dir, [])  # read as `raysim resume` reads it, before it claims the directory
     before = _summary(cfg.output.dir)["checkpoints"]["count"]
     with pytest.raises(KeyboardInterrupt):  # stopped again: the count goes on from the checkpoint's
         raysim.resume(cfg.output.dir, progress=StopAfter(1))
     taken = _summary(cfg.output.dir)["checkpoints"]
+    # a run that wrote into the directory between that read and the claim: the stale read is refused
+    with pytest.raises(ScenarioError, match=r"^run_dir = .*: expected a directory no other run wrote into while "
+                       r"this one was being resumed \(its checkpoint.pt has changed"):
+        execute(stale[0], checkpoint=stale[1])
+    assert _summary(cfg.output.dir)["checkpoints"] == taken and not os.path.exists(tmp_path / "out" / ".raysim.lock")
     assert taken["count"] >= before + 1 >= 2 and taken["bytes"] == checkpoint.stat().st_size
     # to the end without a checkpoint: the counts stay those of the checkpoint it resumed from (its
     # seconds from the summary written after it; without that summary, as after SIGKILL, they are missed)

@@ -3,7 +3,6 @@ exactly as the run that never stopped (rows, events, final model)."""
 
 from __future__ import annotations
 
-import io
 import math
 import struct
 from dataclasses import fields, is_dataclass, replace
@@ -16,8 +15,10 @@ from omegaconf import OmegaConf
 
 from raysim.algorithms.base import ServerState
 from raysim.data import build_dataset
+from raysim.engine.checkpoint import Checkpoint
 from raysim.engine.run_state import RunState
 from raysim.engine.runtime import LocalRuntime
+from raysim.metrics import OutputDir
 
 STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",
               "system.compute.seconds_per_sample=0.05", "system.dropout=0.05"]
@@ -86,11 +87,15 @@ def _assert_identical(a, b, where="state"):
         assert a == b, where
 
 
-def _round_trip(state: RunState, file) -> RunState:
-    state.save(file)
-    if isinstance(file, io.BytesIO):
-        file.seek(0)
-    loaded = RunState.load(file)
+def _saved(state: RunState, directory) -> OutputDir:
+    """The output directory ``directory`` with ``state`` in its checkpoint.pt, as a run saves it."""
+    out = OutputDir.open(str(directory), create=True)
+    Checkpoint(state, {}, {}, 0.0).save(out)
+    return out
+
+
+def _round_trip(state: RunState, directory) -> RunState:
+    loaded = Checkpoint.load(_saved(state, directory)).state
     _assert_identical(state, loaded)
     return loaded
 
@@ -118,7 +123,7 @@ def test_sync_fedavg_state_round_trips(tmp_path):
     state = scheduler.run_state()
     assert state.version == 2 and state.counter == 2 and state.applied == 24 and state.driver == {}
     assert not math.isnan(state.last_eval["test_accuracy"])
-    loaded = _round_trip(state, tmp_path / "state.pt")
+    loaded = _round_trip(state, tmp_path)
     assert loaded.server.params.dtype == torch.float32
 
 
@@ -131,7 +136,7 @@ def test_stateful_algorithm_state_round_trips(tmp_path, algorithm):
     kept = next(iter(state.client_state.values()))
     assert all(t.abs().sum() > 0 for t in kept.values())
     assert state.server.extra and all(t.abs().sum() > 0 for t in state.server.extra.values())
-    _round_trip(state, io.BytesIO())
+    _round_trip(state, tmp_path)
 
 
 def test_async_fedbuff_state_round_trips_with_tasks_in_flight(tmp_path):
@@ -145,13 +150,13 @@ def test_async_fedbuff_state_round_trips_with_tasks_in_flight(tmp_path):
         v for task in driver["calls"].values() for v in task["versions"]}
     packed = driver["buffer"][0][0]
     assert packed["arrays"]["client_ids"].dtype == torch.int64 and packed["arrays"]["train_loss"].dtype == torch.float64
-    _round_trip(state, tmp_path / "state.pt")
+    _round_trip(state, tmp_path)
 
 
 def test_loading_reads_plain_content_only(tmp_path):
-    torch.save({"server": ServerState(torch.zeros(2))}, tmp_path / "bad.pt")  # a class, not plain content
+    torch.save({"server": ServerState(torch.zeros(2))}, tmp_path / "checkpoint.pt")  # a class, not plain content
     with pytest.raises(Exception, match="weights_only"):
-        RunState.load(tmp_path / "bad.pt")
+        Checkpoint.load(OutputDir.open(str(tmp_path)))
 
 
 # ------------------------------------------------------------------ restore and continue
@@ -166,9 +171,9 @@ def _restored_run_is_the_same_run(tmp_path, cfg, reach) -> RunState:
     first = _scheduler(cfg)
     head = reach(first)
     state = first.run_state()
-    state.save(tmp_path / "state.pt")
+    out = _saved(state, tmp_path)
     resumed = _scheduler(cfg)
-    resumed.restore(RunState.load(tmp_path / "state.pt"))
+    resumed.restore(Checkpoint.load(out).state)
     expected = reference.finish()["model_sha256"]
     for scheduler in (resumed, first):
         again = _collect(head + _to_end(scheduler))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -215,7 +216,7 @@ sweep:
 """
 
 
-def test_a_sweep_section_and_the_flags_that_override_it(tmp_path):
+def test_a_sweep_section_and_the_flags_that_override_it(tmp_path, capsys):
     path = tmp_path / "tiny.yaml"
     path.write_text(SWEEP_FILE.replace("OUT", str(tmp_path / "from_file")))
     assert main(["sweep", str(path), "--in-process", "--quiet"]) == 0
@@ -224,10 +225,14 @@ def test_a_sweep_section_and_the_flags_that_override_it(tmp_path):
         [(lr, h, r) for lr in (0.05, 0.1) for h in ([16], [8]) for r in (0, 1)]
     assert (tmp_path / "from_file" / "wall_seconds_vs_algorithm.lr.png").exists()
     # a --grid key replaces that key's values; --repeat and --out replace the section's
-    assert main(["sweep", str(path), "--grid", "algorithm.lr=0.2", "--repeat", "1", "--out",
-                 str(tmp_path / "from_flags"), "--in-process", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--grid", "algorithm.lr=0.2", "--grid", "model.hidden=[16, 8],[8]", "--repeat",
+                 "1", "--out", str(tmp_path / "from_flags"), "--in-process"]) == 0
     assert [(r["algorithm.lr"], r["model.hidden"], r["repeat"]) for r in table(tmp_path / "from_flags")] == \
-        [(0.2, [16], 0), (0.2, [8], 0)]
+        [(0.2, [16, 8], 0), (0.2, [8], 0)]
+    started = [line.split()[1] for line in capsys.readouterr().err.splitlines() if line.startswith("start ")]
+    assert started == ["algorithm.lr=0.2,model.hidden=[16,8],repeat=0", "algorithm.lr=0.2,model.hidden=[8],repeat=0"]
+    assert all((tmp_path / "from_flags" / name).is_dir() for name in started)  # the console names the directories
 
 
 @pytest.mark.parametrize("section, line", [
@@ -293,3 +298,28 @@ def test_validate_of_a_sweep_file_checks_every_point(tmp_path, capsys):
     assert "a sweep of 4 runs over execution.rounds, data.num_clients" in capsys.readouterr().out
     assert main(["validate", str(path), "execution.clients_per_round=35"]) == 2  # 35 > the 30 clients of a point
     assert "at sweep point" in capsys.readouterr().err
+
+
+def test_a_sweep_killed_outright_stops_its_running_point(tmp_path):
+    import psutil
+
+    out = tmp_path / "out"
+    sweeper = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", QUICKSTART, *TINY,
+                                "execution.rounds=1000000", "--grid", "algorithm.lr=0.05", "--out", str(out)],
+                               stderr=subprocess.DEVNULL)
+    point_dir, point = out / "algorithm.lr=0.05,repeat=0", None
+    try:
+        deadline = time.monotonic() + 120
+        while not (point_dir / "rounds.parquet").exists():  # the point's run is under way
+            assert sweeper.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        point = next(p for p in psutil.Process(sweeper.pid).children() if "run" in p.cmdline())
+        sweeper.kill()
+        point.wait(timeout=60)  # ended by the SIGTERM the kernel sends when its sweep dies: it stopped as on Ctrl-C
+    finally:
+        sweeper.kill()
+        sweeper.wait()
+        if point is not None and point.is_running():
+            point.kill()
+    assert summary(point_dir)["status"] == "interrupted"
+    assert not (point_dir / ".raysim.lock").exists()

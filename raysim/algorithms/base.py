@@ -231,10 +231,9 @@ class ClientContext:
         return minibatch_plan(offsets[:, first], offsets[:, last] - offsets[:, first], self.rngs, batch_size, epochs,
                               steps, self.local_steps, participation)
 
-    def plan_from(self, cfg, steps: int | None = None, full_batch: bool = False) -> StepPlan:
+    def plan_from(self, cfg, full_batch: bool = False) -> StepPlan:
         """:meth:`plan` with an algorithm's keys (``local_steps``, ``batch_size``, ``local_epochs``)."""
-        steps = cfg.local_steps if steps is None else steps
-        return self.plan(steps, getattr(cfg, "batch_size", 1), getattr(cfg, "local_epochs", 1), full_batch)
+        return self.plan(cfg.local_steps, getattr(cfg, "batch_size", 1), getattr(cfg, "local_epochs", 1), full_batch)
 
     @functools.cached_property
     def _problem(self):
@@ -305,8 +304,7 @@ class Algorithm:
     ``Keys`` is the dataclass of the algorithm's scenario keys (a custom algorithm declares its
     own, see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients
     keep state between visits; ``personalised``: the model has a personal part w that never
-    leaves the client (``model.personal``); ``gradients_per_step``: gradient evaluations per
-    local step, for the work a task declares; ``timing_reads_payload``: a task's virtual duration
+    leaves the client (``model.personal``); ``timing_reads_payload``: a task's virtual duration
     depends on the payload's values (:meth:`work` or :meth:`upload_size` reads them) or its sizes
     change from one model version to the next, so it cannot be known before the task's version
     exists (a subclass that overrides :meth:`work`, :meth:`upload_size` or :meth:`payload` and does
@@ -316,7 +314,6 @@ class Algorithm:
     Keys = FedAvgKeys
     stateful = False
     personalised = False
-    gradients_per_step = 1
     timing_reads_payload = False
     sample_weighted = True
 
@@ -497,8 +494,8 @@ class Algorithm:
 
     def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
         """Samples a task processes, per client (the system model's compute time is work ÷ speed):
-        ``gradients_per_step`` times the local steps' samples."""
-        return self.gradients_per_step * self.local_samples(sizes, client_steps)
+        the local steps' samples, one gradient each (an algorithm that takes more overrides this)."""
+        return self.local_samples(sizes, client_steps)
 
     def local_samples(self, sizes: np.ndarray, client_steps: np.ndarray, full_batch: bool = False) -> np.ndarray:
         """Samples that one pass of local steps touches: steps × batch (the whole training set per

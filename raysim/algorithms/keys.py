@@ -167,10 +167,21 @@ class AggregatorKeys:
                                              when=_aggregator(*AGGREGATOR_NAMES, negate=True))
 
 
+def floor_share(share: float, count: int) -> int:
+    """⌊share × count⌋, rounded to 9 decimals first so that 0.29 × 100 gives 29, not 28."""
+    return math.floor(round(share * count, 9))
+
+
 def default_f(share: float, updates: int) -> int:
     """Krum's and Bulyan's f when ``algorithm.byzantine_f`` is null: ⌊share × updates⌋, the Byzantine
     updates a step of ``updates`` holds on average (with bucketing each may spoil a bucket)."""
-    return math.floor(round(share * updates, 9))
+    return floor_share(share, updates)
+
+
+def largest_f(rule: str, n: int) -> int:
+    """The most Byzantine inputs f that ``rule`` accepts among ``n``: krum and multi_krum keep
+    n − f − 2 >= 1 neighbours (f <= n − 3); bulyan needs n >= 4f + 3 (f <= ⌊(n − 3) / 4⌋)."""
+    return (n - 3) // 4 if rule == "bulyan" else n - 3
 
 
 def check_aggregator(cfg, num_clients: int) -> None:
@@ -214,12 +225,11 @@ def check_aggregator(cfg, num_clients: int) -> None:
         key_f = "system.byzantine.clients" if b.clients is not None else "system.byzantine.fraction"
         value = list(b.clients) if b.clients is not None else b.fraction
         derived = f" (f = {f}, the Byzantine updates of a step of {updates}; or set algorithm.byzantine_f)"
-    if a.aggregator == "bulyan" and n < 4 * f + 3:
-        raise ScenarioError(key_f, value, f"at most f = {(n - 3) // 4} for bulyan with n={n} inputs ({where}): it "
-                                          f"needs n >= 4f + 3{derived}")
-    if a.aggregator != "bulyan" and n - f < 3:
-        raise ScenarioError(key_f, value, f"at most f = {n - 3} for {a.aggregator} with n={n} inputs ({where}): "
-                                          f"n - f leaves fewer than three candidates{derived}")
+    most = largest_f(a.aggregator, n)
+    if f > most:
+        needs = "it needs n >= 4f + 3" if a.aggregator == "bulyan" else "n - f leaves fewer than three candidates"
+        raise ScenarioError(key_f, value, f"at most f = {most} for {a.aggregator} with n={n} inputs ({where}): "
+                                          f"{needs}{derived}")
     if a.aggregator == "multi_krum" and a.krum_m is not None and a.krum_m > n - f:
         raise ScenarioError("algorithm.krum_m", a.krum_m, f"at most n - f = {n - f} (n={n} inputs: {where}; f={f})")
 

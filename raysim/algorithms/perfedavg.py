@@ -52,8 +52,9 @@ class MetaGradientOracle:
 class PerFedAvg(Algorithm):
     """Per-FedAvg: ``local_steps`` τ meta-steps of size ``lr`` β with adaptation step ``inner_lr`` α
     and ``variant`` fo | hf | hvp; batches ``batch_size`` D, ``outer_batch_size`` D′,
-    ``hessian_batch_size`` D″. Clients send Δ = θ − v; the server steps θ ← θ − server_lr·mean(Δ)
-    (unweighted, as in the paper). Personalized evaluation adapts with α by default."""
+    ``hessian_batch_size`` D″. Clients send Δ = θ − v; the server steps θ ← θ − agg(Δ), the
+    unweighted mean as in the paper unless ``aggregator`` names a robust rule. Personalized
+    evaluation adapts with α by default."""
 
     Keys = PerFedAvgKeys
     sample_weighted = False

@@ -23,6 +23,7 @@ PARTITIONERS: dict[str, str] = {
 }
 
 Split = tuple[list[np.ndarray], list[np.ndarray]]
+DIRICHLET_DRAWS = 1000  # dirichlet's draws at most before it gives up on a split where every client has a sample
 
 
 def split_train_test(client_indices: list[np.ndarray], test_fraction: float,
@@ -47,16 +48,16 @@ def iid(labels: np.ndarray, num_clients: int, test_fraction: float, seed: int) -
     return split_train_test(parts, test_fraction, rng)
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction: float,
-              seed: int, min_size: int = 1, max_draws: int = 1000) -> Split:
-    """Per class, proportions ~ Dirichlet(alpha * 1); redrawn until each client has ``min_size``."""
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction: float, seed: int) -> Split:
+    """Per class, proportions ~ Dirichlet(alpha * 1); redrawn (at most :data:`DIRICHLET_DRAWS`
+    times) until every client has a sample."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
         raise ScenarioError("data.partition.alpha", alpha, "a number > 0")
     labels = np.asarray(labels)
     rng = stream(seed, Purpose.PARTITION)
     by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     concentration = np.full(num_clients, float(alpha))
-    for _ in range(max_draws):
+    for _ in range(DIRICHLET_DRAWS):
         draws = []
         for idx in by_class:
             idx = rng.permutation(idx)
@@ -64,13 +65,12 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction:
             cuts[-1] = len(idx)  # guard against the float cumsum ending just below 1
             draws.append((idx, cuts))
         sizes = sum(np.diff(cuts, prepend=0) for _, cuts in draws)
-        if sizes.min() >= min_size:
+        if sizes.min() >= 1:
             clients = [np.concatenate([idx[(cuts[k - 1] if k else 0):cuts[k]] for idx, cuts in draws])
                        for k in range(num_clients)]
             return split_train_test(clients, test_fraction, rng)
-    shortfall = "no sample" if min_size == 1 else f"fewer than {min_size} samples"
     raise ScenarioError("data.partition.alpha", alpha, f"a larger alpha or fewer clients: "
-                                                       f"some client got {shortfall} after {max_draws} draws")
+                                                       f"some client got no sample after {DIRICHLET_DRAWS} draws")
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, test_fraction: float,

@@ -239,7 +239,7 @@ class AsyncDriver:
         if limit < 2:
             return []
         events = self.queue.first(limit)
-        if not (self.ahead and self.ahead[0].after == _key(events[0]) and self.ahead[0].counter == s.counter):
+        if not self._plan_follows(events[0]):
             self.ahead, self.used = self._plan(events, len(self.queue) - 1), 0
         window, earliest_new = [], None
         for event, planned in zip(events, self.ahead):
@@ -404,12 +404,16 @@ class AsyncDriver:
         if not event.data.failed:
             self.unsent.append(event)
 
+    def _plan_follows(self, after: Event) -> bool:
+        """Whether the plan's next dispatch was made to follow ``after`` at the current sampling
+        counter (the counter guards against any draw of a counter in between)."""
+        return bool(self.ahead) and self.ahead[0].after == _key(after) and self.ahead[0].counter == self.s.counter
+
     def _planned(self, after: Event) -> Planned | None:
         """The dispatch planned to follow ``after`` with the current sampling counter, planning
         anew when the plan is used up or was made for another order of completions (None if no
         client is available at once: :meth:`Scheduler.sample` then waits for one)."""
-        # the counter check guards against any draw of a counter in between
-        if self.ahead and self.ahead[0].after == _key(after) and self.ahead[0].counter == self.s.counter:
+        if self._plan_follows(after):
             self.used += 1
             return self.ahead.popleft()
         if self.ahead:  # made for another order of completions: plan no further than it held

@@ -10,14 +10,15 @@ checkpoint or the new one, never a part.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass
 
 import torch
 
 from raysim.engine.run_state import RunState
-
-CHECKPOINT = "checkpoint.pt"
+from raysim.errors import ScenarioError
+from raysim.metrics.output import CHECKPOINT
 FORMAT = 1
 
 
@@ -30,6 +31,7 @@ class Checkpoint:
     tally: dict  # running totals for the summary (plain content, see raysim.engine.run.Tally)
     wall_seconds: float  # wall time of the scheduler when the state was taken
     nbytes: int = 0  # the size of checkpoint.pt once saved or loaded
+    digest: str = ""  # the SHA-256 of checkpoint.pt once loaded
 
     @property
     def version(self) -> int:
@@ -56,4 +58,18 @@ class Checkpoint:
             raise ValueError(f"{out.path(CHECKPOINT)} has checkpoint format {content.get('format')!r}, "
                              f"this raysim reads format {FORMAT}")
         return cls(RunState.from_content(content["state"]), content["log_rows"], content["tally"],
-                   content["wall_seconds"], len(data))
+                   content["wall_seconds"], len(data), hashlib.sha256(data).hexdigest())
+
+    def check_still_in(self, out) -> None:
+        """Raise ScenarioError unless ``out`` still holds the checkpoint.pt this was loaded from:
+        another run may have written into the directory between that read and the resumed run's
+        claim of the directory (call it once the directory is claimed)."""
+        try:
+            with out.reader(CHECKPOINT) as stream:
+                now = hashlib.sha256(stream.read()).hexdigest()
+        except FileNotFoundError:
+            now = None
+        if now != self.digest:
+            raise ScenarioError("run_dir", out.root, "a directory no other run wrote into while this one was being "
+                                f"resumed (its {CHECKPOINT} has {'gone' if now is None else 'changed'}: "
+                                "see what it holds now before resuming it again)")

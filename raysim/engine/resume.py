@@ -14,7 +14,7 @@ import json
 import pyarrow.fs as pafs
 from omegaconf import OmegaConf
 
-from raysim.errors import ScenarioError, plain
+from raysim.errors import ScenarioError, first_line
 from raysim.metrics import OutputDir
 
 RESUMABLE_KEYS = ("runtime.", "data.on_demand", "data.cache_mb", "output.flush_seconds", "output.checkpoint_every",
@@ -56,8 +56,7 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
         raise ScenarioError("run_dir", run_dir, f"a run with a {CHECKPOINT} to go on from (this one stopped "
                             "before its first checkpoint; see output.checkpoint_every and output.checkpoint_seconds)") from None
     except Exception as exc:  # a damaged or foreign file
-        first_line = plain(str(exc).splitlines()[0])
-        raise ScenarioError("run_dir", run_dir, f"a readable {CHECKPOINT}: {first_line}") from None
+        raise ScenarioError("run_dir", run_dir, f"a readable {CHECKPOINT}: {first_line(exc)}") from None
     taken, held = summary.get("checkpoints") or {}, checkpoint.tally["checkpoints"]
     if taken.get("count") == held["count"] and "seconds" in taken:  # written after that checkpoint was:
         held["seconds"] = taken["seconds"]  # with its seconds, which the checkpoint cannot hold

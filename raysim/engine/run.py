@@ -110,9 +110,7 @@ class Run:
         self.logs: dict = {}
         self.tensorboard = None  # output.tensorboard: the TensorBoardLog beside the logs
         self.tally = Tally.at(checkpoint)  # a lost scheduler's restart goes back to the checkpoint's (_recover)
-        state = None if checkpoint is None else checkpoint.state
-        self.report = {"version": 0, "applied": 0, "last_eval": {}, "done": False} if state is None else \
-            {"version": state.version, "applied": state.applied, "last_eval": dict(state.last_eval), "done": False}
+        self.report = _report_at(checkpoint)
         self.flushed_at, self.flush_cost = time.monotonic(), 0.0
         self.checkpointed_at, self.checkpoint_cost = time.monotonic(), 0.0
         self.restarts = 0
@@ -159,7 +157,7 @@ class Run:
         self.scheduler = self.runtime.scheduler(self.scenario, self.prepared.dataset)
         if checkpoint is not None:
             self.scheduler.restore(checkpoint.state, checkpoint.wall_seconds)
-            self.report = dict(self.report, version=checkpoint.version, done=False)
+            self.report = _report_at(checkpoint)  # a lost scheduler's later steps and updates are undone
 
     def _step(self, progress) -> None:
         every = self.cfg.output.checkpoint_every
@@ -330,6 +328,14 @@ class Run:
 def _null(x):
     """NaN → None, so JSON shows a missing value rather than a number."""
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _report_at(checkpoint: Checkpoint | None) -> dict:
+    """The progress report of a run at ``checkpoint`` (None: at the start), until its scheduler reports."""
+    if checkpoint is None:
+        return {"version": 0, "applied": 0, "last_eval": {}, "done": False}
+    state = checkpoint.state
+    return {"version": state.version, "applied": state.applied, "last_eval": dict(state.last_eval), "done": False}
 
 
 def _error_line(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The run state: everything a run needs to continue, as one object that saves to a file.
+"""The run state: everything a run needs to continue, as one object of plain content.
 
 :meth:`Scheduler.run_state() <raysim.engine.scheduler.Scheduler.run_state>` takes a
 :class:`RunState` between two server steps (any time :meth:`Scheduler.advance` has returned);
@@ -20,10 +20,11 @@ task whose result was not yet known is computed again after a restore, with the 
 Caches (the broadcast payloads, the system model's availability coins) are rebuilt. Wall-clock
 time is not state: rows after a restore count wall time from the restoring scheduler's start.
 
-:meth:`RunState.save` writes plain content only (tensors, numbers, strings, lists, tuples, dicts;
-numpy arrays become tensors of the same dtype) with ``torch.save``, and :meth:`RunState.load` reads
-it back with ``torch.load(weights_only=True)``: every tensor keeps its dtype and bytes, every float
-its bits. A state shares tensors with the run it was taken from (they are never changed in place).
+:meth:`RunState.content` is plain content only (tensors, numbers, strings, lists, tuples, dicts;
+numpy arrays become tensors of the same dtype), which a
+:class:`~raysim.engine.checkpoint.Checkpoint` writes with ``torch.save`` and reads back with
+``torch.load(weights_only=True)``: every tensor keeps its dtype and bytes, every float its bits. A
+state shares tensors with the run it was taken from (they are never changed in place).
 """
 
 from __future__ import annotations
@@ -62,15 +63,6 @@ class RunState:
     def from_content(cls, content: dict) -> RunState:
         """The state that :meth:`content` gave."""
         return cls(**{**content, "server": ServerState(**content["server"])})
-
-    def save(self, file) -> None:
-        """Write the state to a path or a binary file object (``torch.save``)."""
-        torch.save(self.content(), file)
-
-    @classmethod
-    def load(cls, file) -> RunState:
-        """Read a state that :meth:`save` wrote (``torch.load(weights_only=True)``: plain content only)."""
-        return cls.from_content(torch.load(file, weights_only=True))
 
 
 def pack_updates(updates: ClientUpdates) -> dict:

@@ -28,7 +28,7 @@ class Runtime(Protocol):
         should use from now on (the runtime's shared copy)."""
 
     def scheduler(self, scenario: dict, dataset) -> Any:
-        """Start the scheduler; it has ``advance(seconds)`` and ``finish()`` (see Scheduler)."""
+        """Start the scheduler; it has ``advance(seconds, stop_version)`` and ``finish()`` (see Scheduler)."""
 
     def broadcast(self, payload: dict) -> Any:
         """Publish a payload once; returns a handle tasks refer to."""

@@ -289,13 +289,17 @@ class Scheduler:
         up = self.algorithm.upload_size(payload) * self.value_bytes
         return self.system.task_timing(clients, counters, work, down, up, draws)
 
+    def evaluation_step(self, step: int) -> bool:
+        """Whether server step ``step`` is one of every ``eval.every`` (0: none but the last)."""
+        every = self.cfg.eval.every
+        return every > 0 and step % every == 0
+
     def evaluate_if_due(self, step: int, final: bool = False) -> dict:
         """Evaluate the global model when ``step`` is an evaluation step (or ``final``); the row also
         holds ``eval_seconds``, the wall time that took (0 when nothing was due)."""
         began = time.perf_counter()
-        every = self.cfg.eval.every
         row = dict.fromkeys(EVAL_COLUMNS, math.nan)
-        if (final or (every > 0 and step % every == 0)) and self.quadratic is None:
+        if (final or self.evaluation_step(step)) and self.quadratic is None:
             row["test_loss"], row["test_accuracy"] = self._test(self.algorithm.global_params(self.state))
             row.update(self._personalized())
             self.last_eval.update(row)
@@ -369,8 +373,7 @@ class Scheduler:
         if self.quadratic is not None:
             row.update(self.quadratic(self.algorithm.global_params(self.state),
                                       self.algorithm.client_models(self.state, self.client_state)))
-        every = self.cfg.eval.every
-        if self.curvature is not None and (self.done or (every > 0 and self.version % every == 0)):
+        if self.curvature is not None and (self.done or self.evaluation_step(self.version)):
             row.update(self.curvature(self.algorithm.global_params(self.state)))
         return row
 

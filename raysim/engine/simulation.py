@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Callable
 
 from raysim.algorithms.keys import check_aggregator
 from raysim.catalog import algorithm_keys, check_model_data
-from raysim.config import check_eval_clients, to_yaml
+from raysim.config import check_clients_per_round, check_eval_clients, to_yaml
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
 from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES
-from raysim.errors import ScenarioError
 from raysim.footprint import check_curvature, check_fits
 from raysim.metrics import OutputDir
 from raysim.system import SystemModel
@@ -41,12 +40,14 @@ class Prepared:
     final_params: object = None  # the final global parameters, once run_scenario has finished
 
 
-def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | None = None) -> Prepared:
+def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | None = None,
+            resuming: Checkpoint | None = None) -> Prepared:
     """Everything that can fail on bad input: the memory estimate (:func:`raysim.footprint.check_fits`,
     before anything big is allocated), data set (and the algorithm's checks against it), system
     model (trace files), output directory (created and claimed for this run — see
     :meth:`OutputDir.claim` — unless ``create_output`` is false), then the model.
-    :func:`run_scenario` releases the directory.
+    :func:`run_scenario` releases the directory. ``resuming``: the checkpoint a resumed run goes on
+    from, checked once the directory is claimed to be still there unchanged.
 
     ``meanwhile`` (``runtime.start``: Ray's start-up) runs in this thread once everything but
     the model has been checked, while a helper thread imports torch and builds the model:
@@ -68,13 +69,10 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
         if check_data is not None:
             check_data(cfg, dataset.train_sizes())
     if cfg.data.kind in CLIENTS_FROM_FILES:  # the files decide the number of clients
+        check_clients_per_round(cfg, dataset.num_clients)
         check_eval_clients(cfg.eval.clients, dataset.num_clients)
         if "aggregator" in cfg.algorithm:
             check_aggregator(cfg, dataset.num_clients)
-    k = cfg.execution.clients_per_round
-    if cfg.execution.mode == "sync" and k > dataset.num_clients:
-        raise ScenarioError("execution.clients_per_round", k,
-                            f"an integer in [1, {dataset.num_clients}] (the data set's number of clients)")
     if isinstance(dataset, GeneratedDataset) and cfg.eval.clients is None and dataset.num_clients > LARGE_EVALUATION:
         print(f"note: evaluation builds the test rows of all {dataset.num_clients:,} clients (their data is built "
               "on demand); set eval.clients to evaluate a seeded sample of them", file=sys.stderr)
@@ -83,6 +81,8 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     if create_output:
         output.claim()  # a second live run into this directory is refused here, before Ray starts
     try:
+        if resuming is not None:
+            resuming.check_still_in(output)
         if meanwhile is None:
             return Prepared(dataset, _build_model(cfg, dataset), output)
         with ThreadPoolExecutor(1, thread_name_prefix="raysim-model") as pool:

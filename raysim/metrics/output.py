@@ -23,10 +23,11 @@ import psutil
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raysim.errors import OutputError, ScenarioError
+from raysim.errors import OutputError, ScenarioError, first_line
 from raysim.metrics.parquet_log import log_files
 
-RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", "checkpoint.pt", "rounds.parquet", "events.parquet")
+CHECKPOINT = "checkpoint.pt"  # raysim.engine.checkpoint writes it; named here, where no torch is imported
+RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", CHECKPOINT, "rounds.parquet", "events.parquet")
 """The files a run writes into its directory."""
 PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some run has its columns), in order
     "accuracy_vs_round.png": "test accuracy against server steps, runs overlaid (with --target: its line, "
@@ -78,9 +79,8 @@ class OutputDir:
                 fs, root = pafs.LocalFileSystem(), os.path.abspath(location)
             return OutputDir(fs, root, create)
         except (OSError, ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ScenarioError("output.dir", location, "a writable local path or a URI that pyarrow.fs "
-                                f"understands (file://, s3://, gs://, hdfs://): {first}") from None
+                                f"understands (file://, s3://, gs://, hdfs://): {first_line(exc)}") from None
 
     def path(self, name: str) -> str:
         """The full path of file ``name`` inside the directory."""

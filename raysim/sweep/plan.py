@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from raysim.config import load_scenario
-from raysim.errors import ScenarioError
+from raysim.errors import ScenarioError, first_line
 from raysim.sweep.results import METRICS
 
 SECTION_KEYS = ("grid", "repeat", "out", "parallel", "plots")
@@ -85,7 +85,7 @@ def parse_value(text: str, key: str):
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]))["v"]
     except OmegaConfBaseException as exc:
-        raise ScenarioError(f"grid key {key}", text, f"a YAML value ({str(exc).splitlines()[0]})") from None
+        raise ScenarioError(f"grid key {key}", text, f"a YAML value ({first_line(exc)})") from None
 
 
 def value_text(value) -> str:

@@ -27,7 +27,7 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
     say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     for point in sweep.points:
         if point not in todo:
-            say(f"skipped {point.name}: completed in {point.dir}")
+            say(f"skipped {point.dir.name}: completed in {point.dir}")
     with _claimed(sweep.out):
         if todo:
             (_run_in_process if in_process else _run_isolated)(sweep, todo, say)
@@ -57,10 +57,8 @@ def _claimed(out: Path):
         directory.claim("sweep")
     except ScenarioError as exc:
         raise ScenarioError("--out", str(out), exc.allowed) from None
-    try:
+    with directory:  # released on leaving
         yield
-    finally:
-        directory.release()
 
 
 def _prepare(points: list, parallel: int) -> None:
@@ -90,22 +88,24 @@ def _prepare(points: list, parallel: int) -> None:
 def _started(say, point) -> None:
     forget_measured(point)
     point.dir.mkdir(parents=True, exist_ok=True)
-    say(f"start   {point.name}")
+    say(f"start   {point.dir.name}")  # its directory's name: what the user finds on disk
 
 
 def _finished(say, point, measured: dict) -> None:
     save_measured(point, {**measured, **code_version()})
     row = point_row(point)
     ups = row["steady_updates_per_second"]
-    say(f"{'done' if row['status'] == 'completed' else row['status']:7s} {point.name}: {row['status']}, "
+    say(f"{'done' if row['status'] == 'completed' else row['status']:7s} {point.dir.name}: {row['status']}, "
         f"{row['wall_seconds']:.1f} s wall, {'-' if ups is None else f'{ups:.1f}'} updates/s")
 
 
 def _run_isolated(sweep: Sweep, todo: list, say) -> None:
     """Each point as ``python -m raysim.cli run … --quiet`` in a fresh process, measured with its
     whole process tree; ``sweep.parallel`` at once. Ctrl-C (or SIGTERM) ends the running ones
-    (SIGTERM, then SIGKILL) and stops the sweep."""
+    (SIGTERM, then SIGKILL) and stops the sweep; if the sweep's process is killed outright, they
+    get SIGTERM from the kernel (:func:`raysim.lifecycle.end_with_parent`)."""
     from raysim.bench.process_tree import measure
+    from raysim.lifecycle import END_WITH_PARENT
 
     scenario = _scenario_file(sweep)
     running = {}  # point name -> pid of its process, while it runs
@@ -120,7 +120,7 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
 
         _started(say, point)
         figures = measure([sys.executable, "-m", "raysim.cli", "run", scenario, *point.overrides, "--quiet"],
-                          started=started)
+                          started=started, env={**os.environ, END_WITH_PARENT: str(os.getpid())})
         with lock:
             running.pop(point.name, None)
         if stopping.is_set():  # ended by Ctrl-C: nothing to record, the point runs again next time

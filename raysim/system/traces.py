@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from raysim.errors import ScenarioError
+from raysim.errors import ScenarioError, first_line
 
 COMPUTE_KEY = "system.compute.path"
 AVAILABILITY_KEY = "system.availability.path"
@@ -29,8 +29,7 @@ def read_table(key: str, path: str) -> pa.Table:
     try:
         return pacsv.read_csv(path) if str(path).lower().endswith(".csv") else pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ScenarioError(key, path, f"{TRACE_FILE} ({reason})") from None
+        raise ScenarioError(key, path, f"{TRACE_FILE} ({first_line(exc)})") from None
 
 
 def _numeric_columns(table: pa.Table, key: str, path: str, names: list) -> list:

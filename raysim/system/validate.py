@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from raysim.errors import ScenarioError
+from raysim.schema import non_negative, positive, require, require_one_of
 from raysim.system.config import kinds
 from raysim.system.traces import (AVAILABILITY_KEY, COMPUTE_KEY, check_exists, load_availability_trace,
                                   load_compute_trace)
@@ -12,40 +12,23 @@ from raysim.system.traces import (AVAILABILITY_KEY, COMPUTE_KEY, check_exists, l
 NEVER = "no client is ever available"
 
 
-def _check(ok: bool, key: str, value, allowed: str) -> None:
-    if not ok:
-        raise ScenarioError(key, value, allowed)
-
-
-def _one_of(key: str, value, names) -> None:
-    _check(value in names, key, value, "one of " + ", ".join(names))
-
-
-def _positive(key: str, value) -> None:
-    _check(math.isfinite(value) and value > 0, key, value, "a number > 0")
-
-
-def _non_negative(key: str, value) -> None:
-    _check(math.isfinite(value) and value >= 0, key, value, "a number >= 0")
-
-
 def _probability(key: str, value) -> None:
-    _check(0.0 <= value <= 1.0, key, value, "a probability in [0, 1]")
+    require(0.0 <= value <= 1.0, key, value, "a probability in [0, 1]")
 
 
 def _tiers(key: str, tiers, network: bool) -> None:
-    _check(len(tiers) > 0, key, [], "a non-empty list of tiers whose fractions sum to 1")
+    require(len(tiers) > 0, key, [], "a non-empty list of tiers whose fractions sum to 1")
     for i, tier in enumerate(tiers):
         _probability(f"{key}[{i}].fraction", tier.fraction)
         if network:
-            _positive(f"{key}[{i}].down_mbps", tier.down_mbps)
-            _positive(f"{key}[{i}].up_mbps", tier.up_mbps)
-            _non_negative(f"{key}[{i}].latency_s", tier.latency_s)
+            positive(f"{key}[{i}].down_mbps", tier.down_mbps)
+            positive(f"{key}[{i}].up_mbps", tier.up_mbps)
+            non_negative(f"{key}[{i}].latency_s", tier.latency_s)
         else:
-            _positive(f"{key}[{i}].speed", tier.speed)
+            positive(f"{key}[{i}].speed", tier.speed)
     total = sum(tier.fraction for tier in tiers)
-    _check(abs(total - 1.0) <= 1e-6, key, [tier.fraction for tier in tiers],
-           f"tiers whose fractions sum to 1 (they sum to {total:g})")
+    require(abs(total - 1.0) <= 1e-6, key, [tier.fraction for tier in tiers],
+            f"tiers whose fractions sum to 1 (they sum to {total:g})")
 
 
 def _integer(value) -> bool:
@@ -54,33 +37,33 @@ def _integer(value) -> bool:
 
 def _participation(key: str, d) -> None:
     """delta_k: a probability in (0, 1] per client (constant or uniform)."""
-    _one_of(f"{key}.kind", d.kind, ["constant", "uniform"])
+    require_one_of(f"{key}.kind", d.kind, ["constant", "uniform"])
     if d.kind == "constant":
-        _check(0 < d.value <= 1, f"{key}.value", d.value, "a probability in (0, 1]")
+        require(0 < d.value <= 1, f"{key}.value", d.value, "a probability in (0, 1]")
     else:
-        _check(0 < d.low <= 1, f"{key}.low", d.low, "a probability in (0, 1]")
-        _check(d.low <= d.high <= 1, f"{key}.high", d.high, f"a probability in [low={d.low:g}, 1]")
+        require(0 < d.low <= 1, f"{key}.low", d.low, "a probability in (0, 1]")
+        require(d.low <= d.high <= 1, f"{key}.high", d.high, f"a probability in [low={d.low:g}, 1]")
 
 
 def _local_steps(key: str, d) -> None:
     """E_k: a positive integer per client (constant, uniform_int or poisson)."""
-    _one_of(f"{key}.kind", d.kind, ["constant", "poisson", "uniform_int"])
+    require_one_of(f"{key}.kind", d.kind, ["constant", "poisson", "uniform_int"])
     if d.kind == "constant":
-        _check(_integer(d.value) and d.value >= 1, f"{key}.value", d.value, "a positive integer")
+        require(_integer(d.value) and d.value >= 1, f"{key}.value", d.value, "a positive integer")
     elif d.kind == "uniform_int":
-        _check(_integer(d.low) and d.low >= 1, f"{key}.low", d.low, "a positive integer")
-        _check(_integer(d.high) and d.high >= d.low, f"{key}.high", d.high, f"an integer >= low={d.low:g}")
+        require(_integer(d.low) and d.low >= 1, f"{key}.low", d.low, "a positive integer")
+        require(_integer(d.high) and d.high >= d.low, f"{key}.high", d.high, f"an integer >= low={d.low:g}")
     else:
-        _positive(f"{key}.mean", d.mean)
+        positive(f"{key}.mean", d.mean)
 
 
 def check_byzantine_ids(ids: list, num_clients: int) -> None:
     """``system.byzantine.clients``: distinct ids of the population, fewer than half of it."""
     key = "system.byzantine.clients"
     outside = [c for c in ids if not (isinstance(c, int) and 0 <= c < num_clients)]
-    _check(not outside, key, ids, f"client ids in [0, {num_clients - 1}] ({outside[:5]} are not)")
-    _check(len(set(ids)) == len(ids), key, ids, "distinct client ids")
-    _check(len(ids) < num_clients / 2, key, ids, f"fewer than half of the {num_clients} clients "
+    require(not outside, key, ids, f"client ids in [0, {num_clients - 1}] ({outside[:5]} are not)")
+    require(len(set(ids)) == len(ids), key, ids, "distinct client ids")
+    require(len(ids) < num_clients / 2, key, ids, f"fewer than half of the {num_clients} clients "
                                                  f"(Byzantine clients are a minority; {len(ids)} given)")
 
 
@@ -93,17 +76,17 @@ def validate_system(system_cfg, num_clients: int | None) -> None:
     :class:`~raysim.system.SystemModel` is built.
     """
     c = system_cfg.compute
-    _one_of("system.compute.kind", c.kind, kinds("compute"))
-    _positive("system.compute.speed", c.speed)
-    _non_negative("system.compute.sigma", c.sigma)
-    _check(math.isfinite(c.mu), "system.compute.mu", c.mu, "a finite number")
-    _positive("system.compute.shape", c.shape)
-    _positive("system.compute.scale", c.scale)
+    require_one_of("system.compute.kind", c.kind, kinds("compute"))
+    positive("system.compute.speed", c.speed)
+    non_negative("system.compute.sigma", c.sigma)
+    require(math.isfinite(c.mu), "system.compute.mu", c.mu, "a finite number")
+    positive("system.compute.shape", c.shape)
+    positive("system.compute.scale", c.scale)
     _probability("system.compute.slow_fraction", c.slow_fraction)
-    _check(c.slow_factor >= 1 and math.isfinite(c.slow_factor), "system.compute.slow_factor", c.slow_factor,
-           "a number >= 1")
-    _positive("system.compute.seconds_per_sample", c.seconds_per_sample)
-    _non_negative("system.compute.noise", c.noise)
+    require(c.slow_factor >= 1 and math.isfinite(c.slow_factor), "system.compute.slow_factor", c.slow_factor,
+            "a number >= 1")
+    positive("system.compute.seconds_per_sample", c.seconds_per_sample)
+    non_negative("system.compute.noise", c.noise)
     if c.kind == "tiers":
         _tiers("system.compute.tiers", c.tiers, network=False)
     if c.kind == "trace":
@@ -112,53 +95,53 @@ def validate_system(system_cfg, num_clients: int | None) -> None:
             load_compute_trace(c.path, num_clients)
 
     w = system_cfg.network
-    _one_of("system.network.kind", w.kind, kinds("network"))
-    _positive("system.network.down_mbps", w.down_mbps)
-    _positive("system.network.up_mbps", w.up_mbps)
-    _non_negative("system.network.latency_s", w.latency_s)
-    _non_negative("system.network.sigma", w.sigma)
+    require_one_of("system.network.kind", w.kind, kinds("network"))
+    positive("system.network.down_mbps", w.down_mbps)
+    positive("system.network.up_mbps", w.up_mbps)
+    non_negative("system.network.latency_s", w.latency_s)
+    non_negative("system.network.sigma", w.sigma)
     if w.kind == "tiers":
         _tiers("system.network.tiers", w.tiers, network=True)
 
     a = system_cfg.availability
-    _one_of("system.availability.kind", a.kind, kinds("availability"))
+    require_one_of("system.availability.kind", a.kind, kinds("availability"))
     _probability("system.availability.p", a.p)
-    _positive("system.availability.period", a.period)
+    positive("system.availability.period", a.period)
     _probability("system.availability.on_fraction", a.on_fraction)
     if a.kind == "bernoulli":
-        _check(a.p > 0, "system.availability.p", a.p, f"a probability in (0, 1] (with 0, {NEVER})")
+        require(a.p > 0, "system.availability.p", a.p, f"a probability in (0, 1] (with 0, {NEVER})")
     if a.kind == "diurnal":
-        _check(a.on_fraction > 0, "system.availability.on_fraction", a.on_fraction,
-               f"a share in (0, 1] (with 0, {NEVER})")
+        require(a.on_fraction > 0, "system.availability.on_fraction", a.on_fraction,
+                f"a share in (0, 1] (with 0, {NEVER})")
     if a.kind == "trace":
         check_exists(AVAILABILITY_KEY, a.path)
         if num_clients is not None:
             load_availability_trace(a.path, num_clients)
 
     _probability("system.dropout", system_cfg.dropout)
-    _check(system_cfg.dropout < 1, "system.dropout", system_cfg.dropout,
-           "a probability in [0, 1) (with 1, every task fails)")
+    require(system_cfg.dropout < 1, "system.dropout", system_cfg.dropout,
+            "a probability in [0, 1) (with 1, every task fails)")
 
     u = system_cfg.unreliable
     _participation("system.unreliable.participation", u.participation)
-    _one_of("system.unreliable.coin", u.coin, kinds("coin"))
+    require_one_of("system.unreliable.coin", u.coin, kinds("coin"))
     if u.local_steps is not None:
         _local_steps("system.unreliable.local_steps", u.local_steps)
-    _one_of("system.unreliable.weights", u.weights, kinds("weights"))
-    _one_of("system.unreliable.gradient_noise", u.gradient_noise, kinds("gradient_noise"))
-    _non_negative("system.unreliable.noise_scale", u.noise_scale)
+    require_one_of("system.unreliable.weights", u.weights, kinds("weights"))
+    require_one_of("system.unreliable.gradient_noise", u.gradient_noise, kinds("gradient_noise"))
+    non_negative("system.unreliable.noise_scale", u.noise_scale)
 
     b = system_cfg.byzantine
-    _check(0 <= b.fraction < 0.5, "system.byzantine.fraction", b.fraction,
-           "a share in [0, 0.5) (Byzantine clients are a minority)")
+    require(0 <= b.fraction < 0.5, "system.byzantine.fraction", b.fraction,
+            "a share in [0, 0.5) (Byzantine clients are a minority)")
     if b.clients is not None:
-        _check(b.fraction == 0, "system.byzantine.fraction", b.fraction,
-               "0 with system.byzantine.clients (give the Byzantine clients one way)")
+        require(b.fraction == 0, "system.byzantine.fraction", b.fraction,
+                "0 with system.byzantine.clients (give the Byzantine clients one way)")
         if num_clients is not None:  # otherwise checked once the data set is built
             check_byzantine_ids(list(b.clients), num_clients)
-    _one_of("system.byzantine.attack", b.attack, kinds("attack"))
-    _positive("system.byzantine.scale", b.scale)
-    _positive("system.byzantine.sigma", b.sigma)
-    _positive("system.byzantine.epsilon", b.epsilon)
+    require_one_of("system.byzantine.attack", b.attack, kinds("attack"))
+    positive("system.byzantine.scale", b.scale)
+    positive("system.byzantine.sigma", b.sigma)
+    positive("system.byzantine.epsilon", b.epsilon)
     if b.window is not None:
-        _check(b.window >= 1, "system.byzantine.window", b.window, "a positive number of honest updates")
+        require(b.window >= 1, "system.byzantine.window", b.window, "a positive number of honest updates")
