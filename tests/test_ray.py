@@ -215,9 +215,8 @@ def test_errors_are_reported_by_what_the_task_or_constructor_raised():
     line is a coloured ``ray::ClientActor.run()``); a constructor's failure, its last line."""
     from ray.exceptions import ActorDiedError, RayTaskError
 
-    from actors.runtime import _last_line
     from raysim.engine.run import _error_line
-    from raysim.errors import RunError
+    from raysim.errors import RunError, last_line
 
     raised = "Traceback (most recent call last):\n  File \"algos.py\", line 3, in client_update\nRuntimeError: boom"
     task = RayTaskError("ClientActor.run", raised, RuntimeError("boom")).as_instanceof_cause()
@@ -225,4 +224,4 @@ def test_errors_are_reported_by_what_the_task_or_constructor_raised():
     assert _error_line(ValueError("bad\nmore")) == "ValueError: bad"
     assert _error_line(RunError("client 5 diverged")) == "client 5 diverged"
     died = ActorDiedError(RayTaskError("ClientActor.__init__", raised, RuntimeError("boom")))
-    assert "\x1b[" in str(died) and _last_line(died) == "RuntimeError: boom"
+    assert "\x1b[" in str(died) and last_line(died) == "RuntimeError: boom"
