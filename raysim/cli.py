@@ -250,6 +250,9 @@ def cmd_bench(args) -> int:
 
     from raysim.bench import run_bench
 
+    for option, value in (("--repeat", args.repeat), ("--events", args.events)):
+        if value < 1:
+            raise ScenarioError(option, value, "an integer >= 1")
     if args.baseline is not None:
         if args.durability or args.aggregators or args.scale:
             raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators or --scale with it "

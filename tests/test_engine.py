@@ -304,3 +304,14 @@ def test_bench_scale_with_too_few_clients_is_one_error_line(tmp_path, capsys):
     assert main(["bench", "--scale", "--clients", "500", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr() == ("", "error: --clients = 500: expected an integer > 1,000 (W1's own population)\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["--repeat", "0"], "error: --repeat = 0: expected an integer >= 1"),
+    (["--durability", "--events", "0"], "error: --events = 0: expected an integer >= 1")])
+def test_bench_counts_below_one_are_one_error_line(tmp_path, capsys, extra, line):
+    from raysim.cli import main
+
+    assert main(["bench", "--out", str(tmp_path / "out"), *extra]) == 2
+    assert capsys.readouterr() == ("", line + "\n")
+    assert not (tmp_path / "out").exists()

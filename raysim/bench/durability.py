@@ -86,9 +86,11 @@ def driver_memory(out: Path, events: int, interval: float = 1.0) -> dict:
         began = time.perf_counter()
         while proc.poll() is None:
             try:
-                samples.append((time.perf_counter() - began, driver.memory_info().rss))
+                rss = driver.memory_info().rss
             except psutil.Error:
                 return
+            if rss:  # 0: the driver has exited and waits to be reaped
+                samples.append((time.perf_counter() - began, rss))
             time.sleep(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
