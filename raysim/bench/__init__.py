@@ -73,7 +73,8 @@ def run_bare(workload: str, out: Path) -> dict:
                 final_test_accuracy=result["final_test_accuracy"], actors=0)
 
 
-HEADER = f"{'run':18s} {'wall s':>8s} {'upd/s':>10s} {'s/round':>10s} {'PSS MiB':>9s} {'RSS MiB':>9s} {'accuracy':>8s}"
+# s/step: seconds per server step (a synchronous round; one applied update under FedAsync)
+HEADER = f"{'run':18s} {'wall s':>8s} {'upd/s':>10s} {'s/step':>10s} {'PSS MiB':>9s} {'RSS MiB':>9s} {'accuracy':>8s}"
 
 
 def _row(name: str, r: dict) -> str:
