@@ -25,6 +25,7 @@ class FedNovaKeys(FedAvgKeys):
 
 class FedNova(Algorithm):
     Keys = FedNovaKeys
+    server_diagnostics = ("tau_eff",)  # logged in rounds.parquet's tau_eff column at every server step
 
     def client_update(self, payloads, ctx):
         start = ctx.start(payloads)
@@ -38,7 +39,7 @@ class FedNova(Algorithm):
     def server_direction(self, state, aggregate, updates, weights):
         steps = updates.extras["steps"][:, 0].double().numpy()
         tau_eff = float(np.dot(weights, steps) / np.sum(weights))  # asynchronous weights need not sum to 1
-        return tau_eff * aggregate, state.extra, {}
+        return tau_eff * aggregate, state.extra, {"tau_eff": tau_eff}
 
     def upload_size(self, payload):
         return self.update_size() + 1  # the update and τ_i

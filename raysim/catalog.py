@@ -114,6 +114,7 @@ def algorithm_class(name: str):
                                                     f"(its Keys is {getattr(given, '__name__', repr(given))})")
     if cls.client_update is Algorithm.client_update:
         raise ScenarioError("algorithm.name", name, "an algorithm class that defines client_update")
+    _check_server_diagnostics(name, cls.server_diagnostics)
     try:
         declared = typing.get_type_hints(given)
     except Exception as exc:  # an annotation naming what its module does not define
@@ -124,6 +125,19 @@ def algorithm_class(name: str):
                                 f"of that name have ({' or '.join(map(_type_text, builtin))}), or another name to its "
                                 f"own key (it declares {field}: {_type_text(declared[field])})")
     return cls
+
+
+def _check_server_diagnostics(name: str, declared) -> None:
+    """A custom class's ``server_diagnostics`` names new rounds.parquet columns (or FFGG's
+    grad_norm_sq): a tuple of distinct identifiers; else ScenarioError."""
+    from raysim.engine.run import ROUNDS_SCHEMA  # rounds.parquet's own columns
+
+    taken = sorted(set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"})
+    if not (isinstance(declared, (tuple, list)) and all(isinstance(n, str) and n.isidentifier() for n in declared)
+            and len(set(declared)) == len(declared)) or set(declared) & set(taken):
+        raise ScenarioError("algorithm.name", name, "an algorithm whose server_diagnostics is a tuple of distinct "
+                            "identifiers, none of them a column rounds.parquet already has (" + ", ".join(taken)
+                            + f"; grad_norm_sq is allowed) (it declares {declared!r})")
 
 
 @functools.cache

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import small_scenario
@@ -81,6 +83,31 @@ class IntAggregatorKeys(MinibatchKeys):
 
 class IntAggregator(DictKeys):
     Keys = IntAggregatorKeys
+
+class ColumnDiagnostic(DictKeys):
+    Keys = FedAvgKeys
+    server_diagnostics = ("norm", "train_loss")
+
+from raysim.algorithms.fedavg import FedAvg
+
+class UndeclaredDiagnostic(FedAvg):
+    def server_direction(self, state, aggregate, updates, weights):
+        return aggregate, state.extra, {"norm": 1.0}
+
+class VectorDiagnostic(FedAvg):
+    server_diagnostics = ("norm",)
+
+    def server_direction(self, state, aggregate, updates, weights):
+        return aggregate, state.extra, {"norm": aggregate[:3]}
+
+class OddStepNorm(FedAvg):
+    """Reports the aggregate's norm (as a one-element tensor) at odd server steps only."""
+    server_diagnostics = ("update_norm", "grad_norm_sq")
+
+    def server_direction(self, state, aggregate, updates, weights):
+        step = state.extra.get("step", 0) + 1
+        seen = {"update_norm": aggregate.norm().reshape(1), "grad_norm_sq": float(aggregate.square().sum())}
+        return aggregate, {**state.extra, "step": step}, seen if step % 2 else {}
 '''
 
 
@@ -104,6 +131,9 @@ def test_fednova_example_runs_through_the_cli():
     summary = json.loads(Path("/tmp/raysim_test_fednova/summary.json").read_text())
     assert summary["rounds"] == 8 and summary["model"]["kind"] == "examples.fednova:two_layer"
     assert 0.25 < summary["final_test_accuracy"] <= 1  # chance is 0.1
+    tau_eff = pq.read_table("/tmp/raysim_test_fednova/rounds.parquet").column("tau_eff").to_pylist()
+    assert len(tau_eff) == 8 and all(t > 1 for t in tau_eff)  # clients of 50+ rows take several steps of 10
+    assert summary["final_diagnostics"]["tau_eff"] == tau_eff[-1]
 
 
 ASYNC_STALENESS = ["execution.mode=async", "execution.max_updates=30", "execution.staleness.kind=polynomial",
@@ -203,6 +233,15 @@ def test_custom_entries_fail_with_one_line_naming_the_key(tmp_path, parts, overr
                                                     "algorithm whose Keys gives aggregator a type raysim's keys of "
                                                     "that name have (str), or another name to its own key (it "
                                                     "declares aggregator: int)"),
+    (["algorithm.name=my_parts.lib:ColumnDiagnostic"], "algorithm.name = 'my_parts.lib:ColumnDiagnostic': expected "
+                                                       "an algorithm whose server_diagnostics is a tuple of distinct "
+                                                       "identifiers, none of them a column rounds.parquet already has "
+                                                       "(clients, dropped, eval_seconds, failed, hessian_min_eig, late, "
+                                                       "loss_gap, objective, parameters, personalized_accuracy, "
+                                                       "personalized_accuracy_ci95, personalized_accuracy_mean, "
+                                                       "rel_error, round, samples, stale, test_accuracy, test_loss, "
+                                                       "train_loss, updates_per_second, virtual_time, wall_time; "
+                                                       "grad_norm_sq is allowed) (it declares ('norm', 'train_loss'))"),
 ])
 def test_custom_code_that_cannot_work_is_one_line_at_validate(parts, capsys, overrides, message):
     """What a custom data set, model or algorithm returns or declares is checked when it is built
@@ -245,3 +284,34 @@ def test_a_custom_algorithm_that_may_time_tasks_by_its_payload_is_timed_one_at_a
     assert not FedAvg.timing_reads_payload
     assert Mixed.timing_reads_payload and Uploads.timing_reads_payload
     assert not Says.timing_reads_payload and not Inherits.timing_reads_payload
+
+
+def test_an_algorithm_logs_the_diagnostics_it_declares(tmp_path, parts):
+    """Each name of server_diagnostics is a rounds.parquet column (null at steps that report
+    nothing), its last value is in the summary, and raysim report draws a panel for it."""
+    from raysim.metrics.report import load_runs, write_report
+
+    result = raysim.run(small_scenario(tmp_path / "run", "algorithm.name=my_parts.lib:OddStepNorm",
+                                       "execution.rounds=4", "eval.every=0"))
+    norms = result.rounds.column("update_norm").to_pylist()
+    assert [n is None for n in norms] == [False, True, False, True] and all(n > 0 for n in norms[::2])
+    assert result.rounds.column("grad_norm_sq").to_pylist()[::2] == pytest.approx([n * n for n in norms[::2]])
+    assert result.summary["final_diagnostics"] == pytest.approx({"update_norm": norms[2], "grad_norm_sq": norms[2] ** 2})
+    assert result.rounds.schema.field("update_norm").type == pa.float64()
+    assert load_runs([result.output_dir])[0].own_diagnostics == ("update_norm",)  # grad_norm_sq: a column of its own
+    assert "diagnostics_vs_round.png" in {Path(p).name for p in write_report([result.output_dir])}
+
+
+@pytest.mark.parametrize("name, message", [
+    ("UndeclaredDiagnostic", "UndeclaredDiagnostic.server_direction reported the diagnostic 'norm', which "
+                             "UndeclaredDiagnostic.server_diagnostics does not name (it names []): declare every "
+                             "name it reports"),
+    ("VectorDiagnostic", "VectorDiagnostic.server_direction reported the diagnostic 'norm' as [3]: a diagnostic is "
+                         "one number (a float or a one-element tensor)"),
+])
+def test_a_diagnostic_that_cannot_be_logged_ends_the_run_with_one_line(tmp_path, parts, capsys, name, message):
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "scenarios/quickstart.yaml"), "runtime.backend=local", "execution.rounds=3",
+                 f"algorithm.name=my_parts.lib:{name}", f"output.dir={out}", "--quiet"]) != 0
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")] == [f"error: {message}"]
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,7 @@ from raysim.algorithms.keys import FedAvgKeys
 from raysim.algorithms.local import LocalResult, local_train
 from raysim.algorithms.oracles import (Participation, QuadraticOracle, RowOracle, StepPlan, counted_plan,
                                        minibatch_plan)
+from raysim.errors import RunError
 
 
 @dataclass
@@ -309,13 +311,16 @@ class Algorithm:
     change from one model version to the next, so it cannot be known before the task's version
     exists (a subclass that overrides :meth:`work`, :meth:`upload_size` or :meth:`payload` and does
     not say is taken to); ``sample_weighted``: a synchronous round weights updates by the
-    clients' training samples (false: a plain mean)."""
+    clients' training samples (false: a plain mean); ``server_diagnostics``: the names of the
+    numbers :meth:`server_direction` reports (its third value), each logged in a rounds.parquet
+    column of that name (see :meth:`diagnostics_of`)."""
 
     Keys = FedAvgKeys
     stateful = False
     personalised = False
     timing_reads_payload = False
     sample_weighted = True
+    server_diagnostics: tuple = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -438,6 +443,29 @@ class Algorithm:
             params[index] -= step
             params = params.to(state.params.dtype)
         return ServerState(params, opt, extra, diagnostics, aggregation)
+
+    def diagnostics_of(self, state: ServerState) -> dict:
+        """{name: float} of every name in ``server_diagnostics``, from what the server step that
+        made ``state`` reported (NaN where it reported nothing: a step that did not run
+        :meth:`server_direction`); RunError, one line, for a name it does not declare or a value
+        that is not one number."""
+        reported = state.diagnostics
+        undeclared = sorted(set(reported) - set(self.server_diagnostics))
+        if undeclared:
+            raise RunError(f"{type(self).__name__}.server_direction reported the diagnostic {undeclared[0]!r}, "
+                           f"which {type(self).__name__}.server_diagnostics does not name "
+                           f"(it names {list(self.server_diagnostics)}): declare every name it reports")
+        values = {}
+        for name in self.server_diagnostics:
+            value = reported.get(name, math.nan)
+            if isinstance(value, torch.Tensor):
+                value = value.item() if value.numel() == 1 else value
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                shape = list(value.shape) if hasattr(value, "shape") else type(value).__name__
+                raise RunError(f"{type(self).__name__}.server_direction reported the diagnostic {name!r} as "
+                               f"{shape}: a diagnostic is one number (a float or a one-element tensor)")
+            values[name] = float(value)
+        return values
 
     def global_params(self, state: ServerState) -> torch.Tensor:
         """The flat parameters to evaluate and save."""

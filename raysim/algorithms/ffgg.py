@@ -34,6 +34,7 @@ class FFGG(Algorithm):
     Keys = FFGGKeys
     timing_reads_payload = False
     personalised = True
+    server_diagnostics = ("grad_norm_sq",)
 
     @property
     def stateful(self) -> bool:

@@ -21,12 +21,13 @@ import numpy as np
 import pyarrow as pa
 from omegaconf import OmegaConf
 
+from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
 from raysim.engine.scheduler import evaluates_on_hosts
 from raysim.metrics import ParquetLog
-from raysim.metrics.output import DIAGNOSTICS
+from raysim.metrics.output import DIAGNOSTICS, SERVER_DIAGNOSTIC
 
 ROUNDS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
@@ -45,7 +46,6 @@ EVENTS_SCHEMA = pa.schema([
     ("virtual_end", pa.float64()), ("model_version", pa.int64()), ("staleness", pa.int64()),
     ("status", pa.string()), ("node", pa.string()),
 ])
-LOGS = {"rounds.parquet": ROUNDS_SCHEMA, "events.parquet": EVENTS_SCHEMA}
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
 
@@ -62,7 +62,7 @@ class Tally:
     last_wall: float = math.nan
     steady_updates: int = 0
     steady_eval_seconds: float = 0.0  # evaluation and diagnostics between the first and the last row
-    diagnostics: dict = field(default_factory=dict)  # the last non-null value of each DIAGNOSTICS column
+    diagnostics: dict = field(default_factory=dict)  # the last non-null value of each diagnostics column
     checkpoints: dict = field(default_factory=lambda: {"count": 0, "seconds": 0.0, "bytes": 0})  # bytes: the last
 
     @classmethod
@@ -75,8 +75,9 @@ class Tally:
         tally.checkpoints["bytes"] = checkpoint.nbytes
         return tally
 
-    def add(self, report: dict) -> None:
-        """Count a scheduler report's events and rounds."""
+    def add(self, report: dict, diagnostics: tuple = tuple(DIAGNOSTICS)) -> None:
+        """Count a scheduler report's events and rounds, and keep the last value of each of the
+        ``diagnostics`` columns."""
         events = report["events"]
         if events is not None:
             for status, count in zip(*np.unique(events["status"], return_counts=True)):
@@ -89,7 +90,7 @@ class Tally:
                 self.steady_eval_seconds += row["eval_seconds"]
             self.last_wall = row["wall_time"]
             self.rounds += 1
-            self.diagnostics.update({k: row[k] for k in DIAGNOSTICS if row.get(k) is not None})
+            self.diagnostics.update({k: row[k] for k in diagnostics if row.get(k) is not None})
 
     def steady_rate(self) -> float | None:
         """Applied updates per wall second after the first server step, evaluation excluded."""
@@ -114,6 +115,12 @@ class Run:
         self.flushed_at, self.flush_cost = time.monotonic(), 0.0
         self.checkpointed_at, self.checkpoint_cost = time.monotonic(), 0.0
         self.restarts = 0
+        own = [name for name in algorithm_class(cfg.algorithm.name).server_diagnostics if name not in DIAGNOSTICS]
+        self.diagnostics = (*DIAGNOSTICS, *own)  # the columns whose last values the summary keeps
+        self.schemas = {"rounds.parquet": pa.schema([*ROUNDS_SCHEMA, *(pa.field(name, pa.float64(),
+                                                                             metadata=SERVER_DIAGNOSTIC)
+                                                                    for name in own)]),
+                        "events.parquet": EVENTS_SCHEMA}
 
     def execute(self, progress=None) -> dict:
         """Run to the end; returns the summary (also saved as summary.json). Errors of the run are
@@ -147,7 +154,7 @@ class Run:
         for log in self.logs.values():
             log.discard()
         self.logs = {name: ParquetLog(self.out, name, schema, None if checkpoint is None else checkpoint.log_rows[name])
-                     for name, schema in LOGS.items()}
+                     for name, schema in self.schemas.items()}
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.cfg.output.tensorboard:
@@ -196,7 +203,7 @@ class Run:
             self.logs["events.parquet"].append(report["events"])
         if report["rounds"]:
             self.logs["rounds.parquet"].append({k: [r[k] for r in report["rounds"]] for k in report["rounds"][0]})
-        self.tally.add(report)
+        self.tally.add(report, self.diagnostics)
 
     def _flush(self) -> None:
         """Flush both logs; if one cannot be written, the other drops what this flush added, so

@@ -363,13 +363,13 @@ class Scheduler:
         self._rounds.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
 
     def _diagnostics(self) -> dict:
-        """rel_error, grad_norm_sq and loss_gap of the current server state: exact for quadratic
-        problems; otherwise the algorithm's own ‖F(θ)‖² estimate, if it keeps one. With
-        ``eval.curvature``, at the evaluation steps (every ``eval.every`` server steps and the last),
-        the exact objective, grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
-        estimate = self.state.diagnostics.get("grad_norm_sq")
-        row = {"rel_error": math.nan, "grad_norm_sq": math.nan if estimate is None else float(estimate),
-               "loss_gap": math.nan, "objective": math.nan, "hessian_min_eig": math.nan, "parameters": None}
+        """The numbers the algorithm's last server step reported (its ``server_diagnostics``, such
+        as FFGG's ‖F(θ)‖² estimate grad_norm_sq); rel_error, grad_norm_sq and loss_gap of the
+        current server state, exact, for quadratic problems. With ``eval.curvature``, at the
+        evaluation steps (every ``eval.every`` server steps and the last), the exact objective,
+        grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
+        row = {"rel_error": math.nan, "grad_norm_sq": math.nan, "loss_gap": math.nan, "objective": math.nan,
+               "hessian_min_eig": math.nan, "parameters": None, **self.algorithm.diagnostics_of(self.state)}
         if self.quadratic is not None:
             row.update(self.quadratic(self.algorithm.global_params(self.state),
                                       self.algorithm.client_models(self.state, self.client_state)))

@@ -40,7 +40,8 @@ PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some ru
     "personalized_accuracy_vs_round.png": "personalized accuracy (pooled; mean over clients, dashed, with its "
                                           "95% band) and the global test accuracy (dotted) against server steps",
     "diagnostics_vs_round.png": "one panel per diagnostics column logged (rel_error, grad_norm_sq, loss_gap: "
-                                "log y; objective, hessian_min_eig) against server steps, runs overlaid",
+                                "log y; objective, hessian_min_eig; an algorithm's server_diagnostics) against "
+                                "server steps, runs overlaid",
     "staleness_histogram.png": "staleness of applied updates (model versions behind), one panel per run",
     "participation_per_client.png": "histogram of applied updates per client (zeros included), one panel per run",
     "byzantine_share_vs_round.png": "share of each server step's applied updates sent by Byzantine clients",
@@ -51,6 +52,8 @@ PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some ru
 DIAGNOSTICS = {"rel_error": "‖θ − θ*‖² / ‖θ⁰ − θ*‖²", "grad_norm_sq": "‖F(θ)‖² or ‖∇J‖²",
                "loss_gap": "mean f_m − min f_m", "objective": "J(w)", "hessian_min_eig": "λ_min(∇²J)"}
 """The diagnostics columns of rounds.parquet and what each measures (the summary keeps their last values)."""
+SERVER_DIAGNOSTIC = {b"raysim": b"server diagnostic"}
+"""The field metadata of a rounds.parquet column that an algorithm's ``server_diagnostics`` adds."""
 REPORT_HTML = "report.html"
 """`raysim report`'s self-contained page: every plot (embedded), a summary table, the scenarios' differences."""
 TENSORBOARD_DIR = "tensorboard"
@@ -149,14 +152,25 @@ class OutputDir:
         file, or a ParquetLog's directory of parts (parts covered by a merged one skipped);
         FileNotFoundError if it has no rows written yet. A live run's merge may delete a part
         between the listing and the read: the parts are then listed again."""
+        def read(files):
+            present = None if columns is None else \
+                [c for c in columns if c in pq.read_schema(files[0], filesystem=self.fs).names]
+            return pq.read_table(files, columns=present, filesystem=self.fs)
+
+        return self._read_log(name, read)
+
+    def read_schema(self, name: str):
+        """The schema of table ``name`` (as :meth:`read_table` finds it), field metadata included."""
+        return self._read_log(name, lambda files: pq.read_schema(files[0], filesystem=self.fs))
+
+    def _read_log(self, name: str, read):
+        """``read(files)`` of table ``name``'s Parquet files, listed again if a merge deletes one meanwhile."""
         for attempt in range(READ_ATTEMPTS):
             files = log_files(self.fs, self.path(name))
             if not files:
                 raise FileNotFoundError(f"{self.path(name)}: no Parquet file or log parts")
             try:
-                present = None if columns is None else \
-                    [c for c in columns if c in pq.read_schema(files[0], filesystem=self.fs).names]
-                return pq.read_table(files, columns=present, filesystem=self.fs)
+                return read(files)
             except FileNotFoundError:
                 if attempt == READ_ATTEMPTS - 1:
                     raise

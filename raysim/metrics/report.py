@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator
 
 from raysim.errors import ScenarioError
 from raysim.metrics.html import number_text, report_html, seconds_text
-from raysim.metrics.output import DIAGNOSTICS, PLOTS, REPORT_HTML, OutputDir
+from raysim.metrics.output import DIAGNOSTICS, PLOTS, REPORT_HTML, SERVER_DIAGNOSTIC, OutputDir
 
 MAX_TIMELINE_TASKS = 300
 SPAN = 100.0  # an axis whose positive values span more than this factor is logarithmic
@@ -59,6 +59,7 @@ class Run:
     events: dict[str, np.ndarray]
     summary: dict | None  # summary.json (None: the run has none, e.g. killed)
     scenario: dict | None  # scenario.yaml, the resolved scenario
+    own_diagnostics: tuple = ()  # the rounds columns the algorithm's server_diagnostics added
 
     def series(self, x: str, y: str) -> tuple[np.ndarray, np.ndarray] | None:
         """The rows where both ``x`` and ``y`` are finite, or None if there are none."""
@@ -128,10 +129,20 @@ def load_runs(run_dirs: list[str]) -> list[Run]:
             raise ScenarioError("report", path, "a run directory (one with rounds.parquet)")
     summaries = [_read_text(out, "summary.json", json.loads) for out in outs]
     labels = run_labels([s and s.get("name") for s in summaries], run_dirs)
-    return [Run(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS),
+    owns = [own_diagnostics(out) for out in outs]
+    return [Run(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS + own),
                 read_columns(out, "events.parquet", _EVENT_COLUMNS), summary,
-                _read_text(out, "scenario.yaml", yaml.safe_load))
-            for label, out, summary in zip(labels, outs, summaries)]
+                _read_text(out, "scenario.yaml", yaml.safe_load), own)
+            for label, out, summary, own in zip(labels, outs, summaries, owns)]
+
+
+def own_diagnostics(out: OutputDir) -> tuple[str, ...]:
+    """The rounds.parquet columns of ``out`` that an algorithm's ``server_diagnostics`` added
+    (their field metadata says so)."""
+    try:
+        return tuple(f.name for f in out.read_schema("rounds.parquet") if f.metadata == SERVER_DIAGNOSTIC)
+    except FileNotFoundError:
+        return ()
 
 
 def run_labels(names: list[str | None], run_dirs: list[str]) -> list[str]:
@@ -295,8 +306,9 @@ def _personalized_figure(runs: list[Run]) -> Figure | None:
 def _diagnostics_figure(runs: list[Run]) -> Figure | None:
     """One panel per diagnostics column some run logged, against server steps, runs overlaid;
     errors and norms on a log scale."""
+    columns = list(DIAGNOSTICS) + list(dict.fromkeys(c for run in runs for c in run.own_diagnostics))
     panels = [(c, [(k, run, s) for k, run in enumerate(runs) if (s := run.series("round", c)) is not None])
-              for c in DIAGNOSTICS]
+              for c in columns]
     panels = [(c, lines) for c, lines in panels if lines]
     if not panels:
         return None
@@ -305,7 +317,7 @@ def _diagnostics_figure(runs: list[Run]) -> Figure | None:
     for ax, (column, lines) in zip(axes, panels):
         for k, run, (xs, ys) in lines:
             _plot(ax, xs, ys, **_run_style(k, len(runs)), label=run.label)
-        ax.set(ylabel=column, title=f"{column}: {DIAGNOSTICS[column]}")
+        ax.set(ylabel=column, title=f"{column}: {DIAGNOSTICS.get(column, 'reported by the algorithm')}")
         ax.grid(alpha=0.3)
         auto_scale(ax, "y", [s[1] for *_, s in lines], span=1.0 if column in LOG_COLUMNS else SPAN)
         ax.legend(fontsize="small")
