@@ -4,6 +4,7 @@ results stay bit-identical; one that keeps dying ends the run with one RunError 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -143,7 +144,7 @@ def _run_killing_actor_0(cfg, lost: list) -> dict:
     return summary
 
 
-def _check_identical_after_a_kill(tmp_path, case):
+def _check_identical_after_a_kill(tmp_path, case, capsys):
     overrides, where = CASES[case]
     reference = small_scenario(tmp_path / "local", *overrides)
     expected = run_scenario(reference, prepare(reference), LocalRuntime())
@@ -156,16 +157,20 @@ def _check_identical_after_a_kill(tmp_path, case):
         assert summary[key] == expected[key], key
     if where == "driver":  # the pool is in this process: what it ran again is seen here
         assert lost and {actor for actor, _ in lost} == {0}
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ClientActor")]
+    assert warnings and all(re.fullmatch(r"warning: ClientActor 0 died; a new one took its place and ran its lost "
+                                         r"tasks again \(\d+ clients, with the same results; events.parquet marks "
+                                         r"them 'retried'\)", line) for line in warnings)
 
 
 @pytest.mark.parametrize("case", ["sync", "fedbuff"])
-def test_results_are_identical_after_a_client_actor_is_killed(ray_session, tmp_path, case):
-    _check_identical_after_a_kill(tmp_path, case)
+def test_results_are_identical_after_a_client_actor_is_killed(ray_session, tmp_path, case, capsys):
+    _check_identical_after_a_kill(tmp_path, case, capsys)
 
 
 @pytest.mark.slow
-def test_results_are_identical_after_a_client_actor_is_killed_fedasync(ray_session, tmp_path):
-    _check_identical_after_a_kill(tmp_path, "fedasync")
+def test_results_are_identical_after_a_client_actor_is_killed_fedasync(ray_session, tmp_path, capsys):
+    _check_identical_after_a_kill(tmp_path, "fedasync", capsys)
 
 
 def test_an_actor_killed_during_start_up_is_replaced(ray_session, tmp_path):
