@@ -114,7 +114,7 @@ def algorithm_class(name: str):
                                                     f"(its Keys is {getattr(given, '__name__', repr(given))})")
     if cls.client_update is Algorithm.client_update:
         raise ScenarioError("algorithm.name", name, "an algorithm class that defines client_update")
-    _check_server_diagnostics(name, cls.server_diagnostics)
+    _check_diagnostics(name, cls)
     try:
         declared = typing.get_type_hints(given)
     except Exception as exc:  # an annotation naming what its module does not define
@@ -127,17 +127,27 @@ def algorithm_class(name: str):
     return cls
 
 
-def _check_server_diagnostics(name: str, declared) -> None:
-    """A custom class's ``server_diagnostics`` names new rounds.parquet columns (or FFGG's
-    grad_norm_sq): a tuple of distinct identifiers; else ScenarioError."""
-    from raysim.engine.run import ROUNDS_SCHEMA  # rounds.parquet's own columns
+def _check_diagnostics(name: str, cls) -> None:
+    """A custom class's ``server_diagnostics`` name new rounds.parquet columns (or FFGG's
+    grad_norm_sq), its ``client_diagnostics`` new events.parquet columns: tuples of distinct
+    identifiers; else ScenarioError."""
+    from omegaconf import OmegaConf
 
-    taken = sorted(set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"})
-    if not (isinstance(declared, (tuple, list)) and all(isinstance(n, str) and n.isidentifier() for n in declared)
-            and len(set(declared)) == len(declared)) or set(declared) & set(taken):
-        raise ScenarioError("algorithm.name", name, "an algorithm whose server_diagnostics is a tuple of distinct "
-                            "identifiers, none of them a column rounds.parquet already has (" + ", ".join(taken)
-                            + f"; grad_norm_sq is allowed) (it declares {declared!r})")
+    from raysim.config import Scenario
+    from raysim.engine.run import EVENTS_SCHEMA, ROUNDS_SCHEMA
+    from raysim.system import SystemModel
+
+    profile = SystemModel(OmegaConf.structured(Scenario).system, 1, 0).profile  # the clients' columns of events
+    for kind, table, taken in [
+            ("server_diagnostics", "rounds.parquet", set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"}),
+            ("client_diagnostics", "events.parquet", {*EVENTS_SCHEMA.names, *profile})]:
+        declared = getattr(cls, kind)
+        if not (isinstance(declared, (tuple, list)) and all(isinstance(n, str) and n.isidentifier() for n in declared)
+                and len(set(declared)) == len(declared)) or set(declared) & taken:
+            allowed = "; grad_norm_sq is allowed" if kind == "server_diagnostics" else ""
+            raise ScenarioError("algorithm.name", name, f"an algorithm whose {kind} is a tuple of distinct "
+                                f"identifiers, none of them a column {table} already has ("
+                                + ", ".join(sorted(taken)) + f"{allowed}) (it declares {declared!r})")
 
 
 @functools.cache

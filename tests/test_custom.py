@@ -100,6 +100,22 @@ class VectorDiagnostic(FedAvg):
     def server_direction(self, state, aggregate, updates, weights):
         return aggregate, state.extra, {"norm": aggregate[:3]}
 
+class UpdateNorms(FedAvg):
+    """Logs each client's update norm in events.parquet."""
+    client_diagnostics = ("update_norm",)
+
+    def client_update(self, payloads, ctx):
+        out = super().client_update(payloads, ctx)
+        out.diagnostics["update_norm"] = out.vector.norm(dim=1, keepdim=True)
+        return out
+
+class NormsMissing(FedAvg):
+    client_diagnostics = ("update_norm",)
+
+class ProfileDiagnostic(DictKeys):
+    Keys = FedAvgKeys
+    client_diagnostics = ("speed",)
+
 class OddStepNorm(FedAvg):
     """Reports the aggregate's norm (as a one-element tensor) at odd server steps only."""
     server_diagnostics = ("update_norm", "grad_norm_sq")
@@ -242,6 +258,14 @@ def test_custom_entries_fail_with_one_line_naming_the_key(tmp_path, parts, overr
                                                        "rel_error, round, samples, stale, test_accuracy, test_loss, "
                                                        "train_loss, updates_per_second, virtual_time, wall_time; "
                                                        "grad_norm_sq is allowed) (it declares ('norm', 'train_loss'))"),
+    (["algorithm.name=my_parts.lib:ProfileDiagnostic"], "algorithm.name = 'my_parts.lib:ProfileDiagnostic': "
+                                                        "expected an algorithm whose client_diagnostics is a tuple of "
+                                                        "distinct identifiers, none of them a column events.parquet "
+                                                        "already has (actor, byzantine, client_id, compute_seconds, "
+                                                        "down_mbps, latency_s, local_steps, model_version, net_tier, "
+                                                        "node, participation, phase, round, samples, slow, speed, "
+                                                        "staleness, status, tier, train_loss, up_mbps, virtual_end, "
+                                                        "virtual_start) (it declares ('speed',))"),
 ])
 def test_custom_code_that_cannot_work_is_one_line_at_validate(parts, capsys, overrides, message):
     """What a custom data set, model or algorithm returns or declares is checked when it is built
@@ -302,7 +326,21 @@ def test_an_algorithm_logs_the_diagnostics_it_declares(tmp_path, parts):
     assert "diagnostics_vs_round.png" in {Path(p).name for p in write_report([result.output_dir])}
 
 
+@pytest.mark.parametrize("mode", [["execution.over_selection=1.5"], ASYNC_STALENESS], ids=["sync", "fedasync"])
+def test_an_algorithm_logs_per_client_numbers_in_events(tmp_path, parts, mode):
+    """Each name of client_diagnostics is an events.parquet column: the client's number where its
+    task returned an update, null for the others (over-selection's surplus)."""
+    result = raysim.run(small_scenario(tmp_path, "algorithm.name=my_parts.lib:UpdateNorms", "eval.every=0", *mode))
+    events = result.events.to_pydict()
+    applied = [status == "applied" for status in events["status"]]
+    norms = events["update_norm"]
+    assert all((n is not None and 0 < n < 100) == a for n, a in zip(norms, applied))
+    assert any(applied) and (not mode[0].startswith("execution.over") or not all(applied))
+
+
 @pytest.mark.parametrize("name, message", [
+    ("NormsMissing", "NormsMissing.client_update returned the client diagnostic 'update_norm' as none for 20 "
+                     "clients: one number per client ([20] or [20, 1]), as client_diagnostics names it"),
     ("UndeclaredDiagnostic", "UndeclaredDiagnostic.server_direction reported the diagnostic 'norm', which "
                              "UndeclaredDiagnostic.server_diagnostics does not name (it names []): declare every "
                              "name it reports"),

@@ -313,7 +313,9 @@ class Algorithm:
     not say is taken to); ``sample_weighted``: a synchronous round weights updates by the
     clients' training samples (false: a plain mean); ``server_diagnostics``: the names of the
     numbers :meth:`server_direction` reports (its third value), each logged in a rounds.parquet
-    column of that name (see :meth:`diagnostics_of`)."""
+    column of that name (see :meth:`diagnostics_of`); ``client_diagnostics``: the names of the
+    per-client numbers :meth:`client_update` returns among its ``diagnostics``, each logged in an
+    events.parquet column of that name (see :meth:`client_numbers`)."""
 
     Keys = FedAvgKeys
     stateful = False
@@ -321,6 +323,7 @@ class Algorithm:
     timing_reads_payload = False
     sample_weighted = True
     server_diagnostics: tuple = ()
+    client_diagnostics: tuple = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -466,6 +469,22 @@ class Algorithm:
                                f"{shape}: a diagnostic is one number (a float or a one-element tensor)")
             values[name] = float(value)
         return values
+
+    def client_numbers(self, updates: ClientUpdates) -> dict:
+        """{name: float64 [C]} of every name in ``client_diagnostics``, from ``updates.diagnostics``;
+        RunError, one line, when ``client_update`` returned no such diagnostic or not one number
+        per client ([C] or [C, 1])."""
+        numbers = {}
+        for name in self.client_diagnostics:
+            value = updates.diagnostics.get(name)
+            count = len(updates.client_ids)
+            if value is None or value.numel() != count or value.dim() not in (1, 2):
+                got = "none" if value is None else list(value.shape)
+                raise RunError(f"{type(self).__name__}.client_update returned the client diagnostic {name!r} as "
+                               f"{got} for {count} clients: one number per client ([{count}] or [{count}, 1]), as "
+                               f"client_diagnostics names it")
+            numbers[name] = value.reshape(count).double().numpy()
+        return numbers
 
     def global_params(self, state: ServerState) -> torch.Tensor:
         """The flat parameters to evaluate and save."""

@@ -118,6 +118,7 @@ class AsyncDriver:
         self.ahead: deque = deque()  # Planned dispatches, in the order of the completions they follow
         self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
         self.rows: list = []  # event rows not yet handed to the scheduler (EVENT_COLUMNS, in order)
+        self.numbers: list = []  # per row: {name: number} of the algorithm's client_diagnostics (if it has any)
         # FedAsync whose server step is the algorithm's update alone: a window's steps are taken together
         # (not with personalized evaluation: its tasks run on the actors, and a lost one would end the run
         # with updates logged as applied whose steps were not taken)
@@ -507,14 +508,18 @@ class AsyncDriver:
                           s.train_sizes[event.client_id], update.train_loss[0] if computed else math.nan,
                           update.compute_seconds[0] if computed else 0.0, info.start, event.time, info.version,
                           staleness, status))
+        if s.algorithm.client_diagnostics:
+            self.numbers.append({k: v[0] for k, v in s.algorithm.client_numbers(update).items()} if computed else {})
 
     def _flush_rows(self) -> None:
         """Hand the event rows kept so far to the scheduler, as columns."""
         if self.rows:
             columns = zip(*self.rows)
+            numbers = {name: np.array([row.get(name, math.nan) for row in self.numbers])
+                       for name in self.s.algorithm.client_diagnostics}
             self.s.log_events({name: np.array(column, dtype=dtype)
-                               for (name, dtype), column in zip(EVENT_COLUMNS.items(), columns)})
-            self.rows = []
+                               for (name, dtype), column in zip(EVENT_COLUMNS.items(), columns)}, numbers)
+            self.rows, self.numbers = [], []
 
 
 def _key(event: Event) -> tuple:

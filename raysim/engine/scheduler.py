@@ -391,7 +391,21 @@ class Scheduler:
                 "staleness": np.zeros(n, dtype=np.int64), "status": np.full(n, "retried"),
             })
 
-    def log_events(self, rows: dict) -> None:
+    def log_events(self, rows: dict, numbers: dict | None = None) -> None:
         """Event rows (columns) for client tasks that ended (:meth:`advance` adds the clients'
-        system profile)."""
+        system profile), with ``numbers``: the columns of the algorithm's ``client_diagnostics``
+        (NaN for rows whose task returned no update; all NaN when not given)."""
+        names = self.algorithm.client_diagnostics
+        if names:
+            n = len(rows["client_id"])
+            rows = {**rows, **{name: np.full(n, math.nan) for name in names}, **(numbers or {})}
         self._events.append(rows)
+
+    def client_columns(self, updates, rows: np.ndarray, n: int) -> dict:
+        """The columns of the algorithm's ``client_diagnostics`` for ``n`` event rows: the numbers
+        of ``updates`` at positions ``rows``, NaN elsewhere."""
+        columns = {}
+        for name, values in self.algorithm.client_numbers(updates).items():
+            columns[name] = np.full(n, math.nan)
+            columns[name][rows] = values
+        return columns

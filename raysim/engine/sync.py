@@ -114,14 +114,16 @@ class SyncDriver:
         loss = np.full(n, math.nan)
         actor = np.full(n, -1)
         compute = np.zeros(n)
+        numbers = None
         if updates is not None:
             pos = np.searchsorted(clients, updates.client_ids)
             loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
+            numbers = s.client_columns(updates, pos, n)
         status = np.select([kept, late, dropped], [kept_status, "late", "dropped"], "failed")
         s.log_events({
             "round": np.full(n, version + 1), "client_id": clients, "actor": actor,
             "samples": s.train_sizes[clients], "train_loss": loss, "compute_seconds": compute,
             "virtual_start": np.full(n, start), "virtual_end": start + timing.known_at_s,
             "model_version": np.full(n, version), "staleness": np.zeros(n, dtype=np.int64), "status": status,
-        })
+        }, numbers)
 
