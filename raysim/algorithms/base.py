@@ -453,6 +453,8 @@ class Algorithm:
         :meth:`server_direction`); RunError, one line, for a name it does not declare or a value
         that is not one number."""
         reported = state.diagnostics
+        if not reported and not self.server_diagnostics:  # most algorithms: once per server step, so kept cheap
+            return {}
         undeclared = sorted(set(reported) - set(self.server_diagnostics))
         if undeclared:
             raise RunError(f"{type(self).__name__}.server_direction reported the diagnostic {undeclared[0]!r}, "
