@@ -464,7 +464,9 @@ class Algorithm:
         for name in self.server_diagnostics:
             value = reported.get(name, math.nan)
             if isinstance(value, torch.Tensor):
-                value = value.item() if value.numel() == 1 else value
+                value = value.detach().cpu().numpy()
+            if isinstance(value, np.ndarray) and value.size == 1:
+                value = value.item()
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 shape = list(value.shape) if hasattr(value, "shape") else type(value).__name__
                 raise RunError(f"{type(self).__name__}.server_direction reported the diagnostic {name!r} as "
@@ -480,6 +482,8 @@ class Algorithm:
         for name in self.client_diagnostics:
             value = updates.diagnostics.get(name)
             count = len(updates.client_ids)
+            if value is not None:
+                value = torch.as_tensor(value).detach().cpu()
             if value is None or value.numel() != count or value.dim() not in (1, 2):
                 got = "none" if value is None else list(value.shape)
                 raise RunError(f"{type(self).__name__}.client_update returned the client diagnostic {name!r} as "
