@@ -44,6 +44,11 @@ CASES = {
     "byzantine_buckets": ["execution.rounds=8", "execution.clients_per_round=6", "system.byzantine.fraction=0.2",
                           "system.byzantine.attack=gaussian", "algorithm.aggregator=centered_clipping",
                           "algorithm.bucket_size=2", "algorithm.client_momentum=0.9"],
+    "custom_fednova_fedbuff": STRAGGLERS + [  # a custom algorithm whose server diagnostic (tau_eff) is a column
+        "algorithm.name=examples.fednova:FedNova", "execution.mode=async", "execution.aggregation=fedbuff",
+        "execution.buffer_size=4", "execution.concurrency=6", "execution.max_updates=48", "eval.every=3",
+        "system.unreliable.local_steps.kind=uniform_int", "system.unreliable.local_steps.low=1",
+        "system.unreliable.local_steps.high=6"],
     "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
                                  "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",
@@ -111,6 +116,8 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, references, cas
         assert result.summary[key] == summary[key], key
     assert _tables(run_dir) == tables
     assert not os.path.exists(f"{run_dir}/checkpoint.pt")  # nothing left to resume
+    if "fednova" in case:
+        assert all(row["tau_eff"] >= 1 for row in tables["rounds.parquet"])
 
 
 def test_resume_refuses_keys_that_change_results_and_finished_runs(tmp_path):
