@@ -173,7 +173,7 @@ def cmd_validate(args) -> int:
 def cmd_list(args) -> int:
     import yaml
 
-    from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc, algorithm_keys
+    from raysim.catalog import ALGORITHMS, MODELS, algorithm_class, algorithm_doc, algorithm_keys
     from raysim.config import Scenario
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
@@ -188,8 +188,12 @@ def cmd_list(args) -> int:
         return {"doc": algorithm_doc(schema), "keys": keys(describe(schema)[1:])}  # [0] is the name
 
     if args.algorithm is not None:  # one algorithm, a built-in or a custom class
-        print(yaml.safe_dump({args.algorithm: algorithm(algorithm_keys(args.algorithm))}, sort_keys=False,
-                             allow_unicode=True, width=110), end="")
+        entry = algorithm(algorithm_keys(args.algorithm))
+        if args.algorithm not in ALGORITHMS:  # a custom class (imported by now): the columns it adds to the logs
+            cls = algorithm_class(args.algorithm)
+            entry.update({kind: list(getattr(cls, kind)) for kind in ("server_diagnostics", "client_diagnostics")
+                          if getattr(cls, kind)})
+        print(yaml.safe_dump({args.algorithm: entry}, sort_keys=False, allow_unicode=True, width=110), end="")
         return 0
     algorithms = {name: algorithm(schema) for name, (_, schema) in ALGORITHMS.items()}
     scenario = [row for row in describe(Scenario) if not row[0].startswith("algorithm")]
