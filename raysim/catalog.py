@@ -131,16 +131,7 @@ def _check_diagnostics(name: str, cls) -> None:
     """A custom class's ``server_diagnostics`` name new rounds.parquet columns (or FFGG's
     grad_norm_sq), its ``client_diagnostics`` new events.parquet columns: tuples of distinct
     identifiers; else ScenarioError."""
-    from omegaconf import OmegaConf
-
-    from raysim.config import Scenario
-    from raysim.engine.run import EVENTS_SCHEMA, ROUNDS_SCHEMA
-    from raysim.system import SystemModel
-
-    profile = SystemModel(OmegaConf.structured(Scenario).system, 1, 0).profile  # the clients' columns of events
-    for kind, table, taken in [
-            ("server_diagnostics", "rounds.parquet", set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"}),
-            ("client_diagnostics", "events.parquet", {*EVENTS_SCHEMA.names, *profile})]:
+    for kind, (table, taken) in _log_columns().items():
         declared = getattr(cls, kind)
         if not (isinstance(declared, (tuple, list)) and all(isinstance(n, str) and n.isidentifier() for n in declared)
                 and len(set(declared)) == len(declared)) or set(declared) & taken:
@@ -148,6 +139,20 @@ def _check_diagnostics(name: str, cls) -> None:
             raise ScenarioError("algorithm.name", name, f"an algorithm whose {kind} is a tuple of distinct "
                                 f"identifiers, none of them a column {table} already has ("
                                 + ", ".join(sorted(taken)) + f"{allowed}) (it declares {declared!r})")
+
+
+@functools.cache
+def _log_columns() -> dict:
+    """{kind of diagnostics: (the log it adds columns to, the columns that log has already)}."""
+    from omegaconf import OmegaConf
+
+    from raysim.config import Scenario
+    from raysim.metrics.output import EVENTS_SCHEMA, ROUNDS_SCHEMA
+    from raysim.system import SystemModel
+
+    profile = SystemModel(OmegaConf.structured(Scenario).system, 1, 0).profile  # each event row's client fields
+    return {"server_diagnostics": ("rounds.parquet", set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"}),
+            "client_diagnostics": ("events.parquet", {*EVENTS_SCHEMA.names, *profile})}
 
 
 @functools.cache

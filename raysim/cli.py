@@ -188,9 +188,11 @@ def cmd_list(args) -> int:
         return {"doc": algorithm_doc(schema), "keys": keys(describe(schema)[1:])}  # [0] is the name
 
     if args.algorithm is not None:  # one algorithm, a built-in or a custom class
-        entry = algorithm(algorithm_keys(args.algorithm))
-        if args.algorithm not in ALGORITHMS:  # a custom class (imported by now): the columns it adds to the logs
+        if args.algorithm in ALGORITHMS:
+            entry = algorithm(algorithm_keys(args.algorithm))
+        else:  # a custom class: its keys, and the columns it adds to the logs
             cls = algorithm_class(args.algorithm)
+            entry = algorithm(cls.Keys)
             entry.update({kind: list(getattr(cls, kind)) for kind in ("server_diagnostics", "client_diagnostics")
                           if getattr(cls, kind)})
         print(yaml.safe_dump({args.algorithm: entry}, sort_keys=False, allow_unicode=True, width=110), end="")

@@ -515,10 +515,10 @@ class AsyncDriver:
         """Hand the event rows kept so far to the scheduler, as columns."""
         if self.rows:
             columns = zip(*self.rows)
-            numbers = {name: np.array([row.get(name, math.nan) for row in self.numbers])
-                       for name in self.s.algorithm.client_diagnostics}
-            self.s.log_events({name: np.array(column, dtype=dtype)
-                               for (name, dtype), column in zip(EVENT_COLUMNS.items(), columns)}, numbers)
+            self.s.log_events({**{name: np.array(column, dtype=dtype)
+                                  for (name, dtype), column in zip(EVENT_COLUMNS.items(), columns)},
+                               **{name: np.array([row.get(name, math.nan) for row in self.numbers])
+                                  for name in self.s.algorithm.client_diagnostics}})
             self.rows, self.numbers = [], []
 
 

@@ -27,25 +27,8 @@ from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
 from raysim.engine.scheduler import evaluates_on_hosts
 from raysim.metrics import ParquetLog
-from raysim.metrics.output import DIAGNOSTICS, SERVER_DIAGNOSTIC
+from raysim.metrics.output import DIAGNOSTICS, EVENTS_SCHEMA, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
 
-ROUNDS_SCHEMA = pa.schema([
-    ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
-    ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
-    ("personalized_accuracy", pa.float64()), ("personalized_accuracy_mean", pa.float64()),
-    ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
-    ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
-    ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
-    ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
-    ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
-    ("parameters", pa.list_(pa.float64())),  # eval.curvature: the global model's flat parameters (else null)
-])
-EVENTS_SCHEMA = pa.schema([
-    ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
-    ("train_loss", pa.float64()), ("compute_seconds", pa.float64()), ("virtual_start", pa.float64()),
-    ("virtual_end", pa.float64()), ("model_version", pa.int64()), ("staleness", pa.int64()),
-    ("status", pa.string()), ("node", pa.string()),
-])
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
 

@@ -391,14 +391,13 @@ class Scheduler:
                 "staleness": np.zeros(n, dtype=np.int64), "status": np.full(n, "retried"),
             })
 
-    def log_events(self, rows: dict, numbers: dict | None = None) -> None:
+    def log_events(self, rows: dict) -> None:
         """Event rows (columns) for client tasks that ended (:meth:`advance` adds the clients'
-        system profile), with ``numbers``: the columns of the algorithm's ``client_diagnostics``
-        (NaN for rows whose task returned no update; all NaN when not given)."""
-        names = self.algorithm.client_diagnostics
-        if names:
-            n = len(rows["client_id"])
-            rows = {**rows, **{name: np.full(n, math.nan) for name in names}, **(numbers or {})}
+        system profile); a column of the algorithm's ``client_diagnostics`` that ``rows`` lacks
+        is all NaN (tasks that returned no update)."""
+        missing = [name for name in self.algorithm.client_diagnostics if name not in rows]
+        if missing:
+            rows = {**rows, **{name: np.full(len(rows["client_id"]), math.nan) for name in missing}}
         self._events.append(rows)
 
     def client_columns(self, updates, rows: np.ndarray, n: int) -> dict:

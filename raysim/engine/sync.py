@@ -114,7 +114,7 @@ class SyncDriver:
         loss = np.full(n, math.nan)
         actor = np.full(n, -1)
         compute = np.zeros(n)
-        numbers = None
+        numbers = {}
         if updates is not None:
             pos = np.searchsorted(clients, updates.client_ids)
             loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
@@ -125,5 +125,6 @@ class SyncDriver:
             "samples": s.train_sizes[clients], "train_loss": loss, "compute_seconds": compute,
             "virtual_start": np.full(n, start), "virtual_end": start + timing.known_at_s,
             "model_version": np.full(n, version), "staleness": np.zeros(n, dtype=np.int64), "status": status,
-        }, numbers)
+            **numbers,
+        })
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Callable
 
 import psutil
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -54,6 +55,26 @@ DIAGNOSTICS = {"rel_error": "‖θ − θ*‖² / ‖θ⁰ − θ*‖²", "grad_
 """The diagnostics columns of rounds.parquet and what each measures (the summary keeps their last values)."""
 SERVER_DIAGNOSTIC = {b"raysim": b"server diagnostic"}
 """The field metadata of a rounds.parquet column that an algorithm's ``server_diagnostics`` adds."""
+ROUNDS_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
+    ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
+    ("personalized_accuracy", pa.float64()), ("personalized_accuracy_mean", pa.float64()),
+    ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
+    ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
+    ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
+    ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
+    ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
+    ("parameters", pa.list_(pa.float64())),  # eval.curvature: the global model's flat parameters (else null)
+])
+"""rounds.parquet's own columns (an algorithm's server_diagnostics add more)."""
+EVENTS_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
+    ("train_loss", pa.float64()), ("compute_seconds", pa.float64()), ("virtual_start", pa.float64()),
+    ("virtual_end", pa.float64()), ("model_version", pa.int64()), ("staleness", pa.int64()),
+    ("status", pa.string()), ("node", pa.string()),
+])
+"""events.parquet's own columns (each row also holds the client's system profile, and an algorithm's
+client_diagnostics add more)."""
 REPORT_HTML = "report.html"
 """`raysim report`'s self-contained page: every plot (embedded), a summary table, the scenarios' differences."""
 TENSORBOARD_DIR = "tensorboard"
