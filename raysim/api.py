@@ -36,6 +36,9 @@ def make_runtime(cfg):
         with deferred_signals():  # torch loads here: Ctrl-C waits for it (an import cut short leaves torch broken)
             from raysim.engine.runtime import LocalRuntime
         return LocalRuntime()
+    from raysim.import_path import check_workers_import_raysim
+
+    check_workers_import_raysim(cfg.runtime)  # before actors is imported: the working directory may shadow it here too
     from actors.runtime import RayRuntime
 
     return RayRuntime(cfg.runtime)

@@ -156,7 +156,10 @@ def cmd_validate(args) -> int:
         print(f"ok: {args.scenario}: a sweep of {len(sweep.points)} runs over {', '.join(sweep.grid)} into {sweep.out}")
         return 0
     cfg = load_scenario(args.scenario, args.overrides)
-    if cfg.runtime.backend == "ray":  # the actors must fit the embedded Ray it would start
+    if cfg.runtime.backend == "ray":  # Ray's workers must import raysim; the actors must fit the embedded Ray
+        from raysim.import_path import check_workers_import_raysim
+
+        check_workers_import_raysim(cfg.runtime)
         from actors.runtime import embedded_plan
 
         embedded_plan(cfg.runtime)

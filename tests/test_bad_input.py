@@ -550,3 +550,56 @@ def test_a_class_of_the_drivers_script_is_refused_with_ray(monkeypatch):
     assert str(refused.value) == ("algorithm.name = '__main__:Mine': expected a package.module:name that Ray's "
                                   "worker processes can import (__main__ is the driver's script there: move the "
                                   "definition into a module, or use runtime.backend=local)")
+
+
+def _run_in(directory: Path, *args) -> subprocess.CompletedProcess:
+    """``raysim ARGS`` as a user types it (the console script, whose own directory is not the
+    working directory) from ``directory``."""
+    script = Path(sys.executable).with_name("raysim")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=120, cwd=directory)
+
+
+@pytest.mark.parametrize("name, file", [("actors", "actors.py"), ("raysim", "raysim.py"),
+                                        ("actors", "actors/__init__.py")])
+def test_a_module_that_would_shadow_raysim_in_rays_workers_is_refused(tmp_path, name, file):
+    """Ray's workers import raysim's packages by name with the driver's working directory first on
+    their path: a module of the same name there is refused before Ray starts (before, the
+    ClientActors failed to start with that module's ImportError)."""
+    (tmp_path / file).parent.mkdir(exist_ok=True)
+    (tmp_path / file).write_text("raise ImportError('the user module was imported')\n")
+    out = tmp_path / "out"
+    expected = (f"error: runtime.backend = 'ray': expected no module named {name} in {tmp_path} (Ray's workers "
+                f"would import {tmp_path / file} in place of raysim's own {name} package): rename it, run raysim "
+                "from another directory, or use runtime.backend=local")
+    for args in (["run", QUICKSTART, f"output.dir={out}"], ["validate", QUICKSTART],
+                 ["sweep", QUICKSTART, "--grid", "seed=1,2", "--out", str(tmp_path / "sweep")]):
+        proc = _run_in(tmp_path, *args)
+        assert proc.returncode == 2, proc.stderr
+        assert one_error_line(proc.stderr) == expected
+    assert not out.exists() and not (tmp_path / "sweep").exists()
+    # the local backend has no workers to mislead, and the run's own helper process (its guardian)
+    # imports raysim from where raysim is, whatever the working directory holds
+    local = _run_in(tmp_path, "run", QUICKSTART, "runtime.backend=local", "execution.rounds=1", f"output.dir={out}",
+                    "--quiet")
+    assert local.returncode == 0 and "Traceback" not in local.stderr, local.stderr
+
+
+def test_a_directory_named_like_raysims_packages_that_is_not_a_module_is_not_refused(tmp_path, monkeypatch):
+    """A plain directory (a namespace portion) yields to the installed package, and a raysim
+    checkout holds raysim's own packages: neither shadows anything."""
+    from raysim.import_path import check_workers_import_raysim
+
+    runtime = load_scenario(QUICKSTART).runtime
+    (tmp_path / "plain" / "actors").mkdir(parents=True)
+    for package in ("raysim", "actors"):
+        (tmp_path / "checkout" / package).mkdir(parents=True)
+        (tmp_path / "checkout" / package / "__init__.py").write_text("")
+    for directory in ("plain", "checkout"):
+        monkeypatch.chdir(tmp_path / directory)
+        check_workers_import_raysim(runtime)
+    monkeypatch.chdir(tmp_path / "checkout")
+    (tmp_path / "checkout" / "raysim" / "__init__.py").unlink()  # now its actors/ is not raysim's
+    with pytest.raises(ScenarioError, match="no module named actors in"):
+        check_workers_import_raysim(runtime)
+    runtime.address = "ray://head:10001"  # a Ray client's workers do not see the driver's directories
+    check_workers_import_raysim(runtime)

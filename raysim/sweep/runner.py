@@ -62,12 +62,16 @@ def _claimed(out: Path):
 
 
 def _prepare(points: list, parallel: int) -> None:
-    """Check that each point's actors fit its embedded Ray before anything runs; with
-    ``parallel`` > 1 points at once, an embedded Ray whose runtime.num_cpus the scenario leaves
-    unset gets a fair share of the CPUs."""
+    """Check that Ray's workers will import raysim and that each point's actors fit its embedded
+    Ray before anything runs; with ``parallel`` > 1 points at once, an embedded Ray whose
+    runtime.num_cpus the scenario leaves unset gets a fair share of the CPUs."""
     embedded = [p for p in points if p.cfg.runtime.backend == "ray"]
     if not embedded:
         return
+    from raysim.import_path import check_workers_import_raysim
+
+    for point in embedded:
+        check_workers_import_raysim(point.cfg.runtime)
     from actors.runtime import cluster_address, embedded_plan
 
     share = cpus_per_point(parallel)
