@@ -9,6 +9,7 @@ import re
 import resource
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -555,7 +556,7 @@ def test_a_class_of_the_drivers_script_is_refused_with_ray(monkeypatch):
 def _run_in(directory: Path, *args) -> subprocess.CompletedProcess:
     """``raysim ARGS`` as a user types it (the console script, whose own directory is not the
     working directory) from ``directory``."""
-    script = Path(sys.executable).with_name("raysim")
+    script = Path(sysconfig.get_path("scripts")) / "raysim"
     return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=120, cwd=directory)
 
 
