@@ -17,6 +17,7 @@ from pathlib import Path
 from raysim.errors import ScenarioError
 
 PACKAGES = ("raysim", "actors")  # imported by name in every Ray worker
+PACKAGES_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds this raysim's packages
 
 
 def ray_worker_path() -> list:
@@ -36,10 +37,9 @@ def check_workers_import_raysim(runtime_cfg) -> None:
     (``runtime.address`` ray://…) adds no directory of the driver's."""
     if (runtime_cfg.address or "").startswith("ray://"):
         return
-    installed = Path(__file__).resolve().parent.parent  # where this raysim's packages live
     for directory in ray_worker_path():
         place = Path(directory).resolve()
-        if place == installed or all((place / name / "__init__.py").is_file() for name in PACKAGES):
+        if place == PACKAGES_ROOT or all((place / name / "__init__.py").is_file() for name in PACKAGES):
             continue
         for name in PACKAGES:
             spec = importlib.machinery.PathFinder.find_spec(name, [directory])

@@ -89,11 +89,12 @@ def end_with_parent() -> None:
 def guarded():
     """Run a block under a guardian process; on leaving it, end this process's descendants
     (the guardian excepted) that are still alive."""
+    from raysim.import_path import PACKAGES_ROOT
+
     # started where raysim's packages are: ``-m`` puts the working directory first on the guardian's
     # path, and the user's may hold a module named raysim
     guardian = subprocess.Popen([sys.executable, "-m", "raysim.lifecycle", str(os.getpid())],
-                                stdin=subprocess.PIPE, start_new_session=True,
-                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                stdin=subprocess.PIPE, start_new_session=True, cwd=PACKAGES_ROOT)
     try:
         yield
     finally:
