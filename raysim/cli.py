@@ -184,6 +184,17 @@ def cmd_list(args) -> int:
     from raysim.schema import describe
     from raysim.system.config import DISTRIBUTIONS
 
+    if args.markdown:  # the key reference, docs/keys.md (or one algorithm's keys) as Markdown
+        from raysim import reference
+
+        if args.algorithm is None:
+            print(reference.markdown(), end="")
+        else:
+            keys_class = algorithm_keys(args.algorithm)
+            print("\n".join([f"`algorithm.name: {args.algorithm}`: {algorithm_doc(keys_class)}", "",
+                             *reference.algorithm_table(keys_class)]))
+        return 0
+
     def keys(rows):
         return {k: {"default": default, "doc": doc} if doc else {"default": default} for k, default, doc in rows}
 
@@ -311,6 +322,9 @@ def parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="datasets, partitioners, models, algorithms with their keys, and every scenario key, as YAML")
     lst.add_argument("algorithm", nargs="?", help="only this algorithm and its keys: a built-in name, or "
                                                   "package.module:Class (imported from the current directory)")
+    lst.add_argument("--markdown", action="store_true", help="the same keys as Markdown tables, with what each "
+                                                             "allows and when it applies: the reference docs/keys.md "
+                                                             "(raysim list --markdown > docs/keys.md)")
     lst.set_defaults(func=cmd_list)
     sbm = sub.add_parser("submit", help="run a scenario as a Ray job on a cluster (Job Submission SDK)")
     sbm.add_argument("scenario", help="scenario YAML file inside this repository (it travels with the job)")

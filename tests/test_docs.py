@@ -1,0 +1,57 @@
+"""The documentation: the generated key reference matches the schema."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from raysim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ROOT / "docs" / "keys.md"
+
+
+def test_keys_md_is_the_schema_as_generated(capsys):
+    from raysim.reference import COMMAND
+
+    assert main(["list", "--markdown"]) == 0
+    generated = capsys.readouterr().out
+    assert KEYS.read_text(encoding="utf-8") == generated, f"docs/keys.md is stale: run {COMMAND}"
+
+
+def test_keys_md_holds_every_key_of_the_schema_and_of_each_algorithm():
+    from raysim.catalog import ALGORITHMS
+    from raysim.config import Scenario
+    from raysim.schema import describe
+
+    text = KEYS.read_text(encoding="utf-8")
+    paths = [k for k, _, _ in describe(Scenario) if k != "algorithm"]
+    paths += [f"algorithm.{k}" for _, keys_class in ALGORITHMS.values() for k, _, _ in describe(keys_class)]
+    missing = sorted({p for p in paths if f"`{p}`" not in text})
+    assert not missing, f"docs/keys.md lacks {missing}"
+    for entry in ("system.compute.tiers[].speed", "system.network.tiers[].latency_s",
+                  "system.unreliable.local_steps.mean"):  # inside lists and optional sections too
+        assert f"`{entry}`" in text
+    assert "`system.compute.tiers[].latency_s`" not in text  # a network tier's key is no compute tier's
+
+
+def test_keys_md_says_what_a_key_allows_and_when_it_applies():
+    rows = {line.split(" | ")[0].strip("| `"): line for line in KEYS.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `")}
+    assert rows["data.partition.alpha"].endswith("| a number > 0 | `data.kind in {digits, blobs, mnist, "
+                                                 "fashion_mnist, cifar10, cifar100}` and "
+                                                 "`data.partition.kind = dirichlet` |")
+    assert "`execution.mode = async` and `execution.aggregation = fedbuff`" in rows["execution.buffer_size"]
+    assert "`eval.personalized_steps > 0 or eval.personalized_epochs > 0`" in rows["eval.personalized_lr"]
+    assert "| perfedavg |" in rows["algorithm.hessian_delta"] and "`algorithm.variant = hf`" in rows[
+        "algorithm.hessian_delta"]
+
+
+def test_list_markdown_of_one_algorithm_and_torch_free_reference(capsys):
+    assert main(["list", "fedprox", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("`algorithm.name: fedprox`: FedProx:") and "| `algorithm.prox_mu` | `0.01` |" in out
+    probe = "import sys, raysim.reference as r; r.markdown(); print('torch' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"
