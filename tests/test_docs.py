@@ -1,15 +1,21 @@
-"""The documentation: the generated key reference matches the schema."""
+"""The documentation: the generated key reference matches the schema, the README stays a front door, links resolve."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from raysim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ROOT / "docs" / "keys.md"
+README = ROOT / "README.md"
+LINKED = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "scenarios" / "paper" / "README.md"]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def test_keys_md_is_the_schema_as_generated(capsys):
@@ -55,3 +61,43 @@ def test_list_markdown_of_one_algorithm_and_torch_free_reference(capsys):
     probe = "import sys, raysim.reference as r; r.markdown(); print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"
+
+
+def test_readme_is_a_front_door_of_at_most_400_lines():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 400, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def test_readme_holds_the_ci_test_command_verbatim():
+    command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert command == 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q'
+    assert command in README.read_text(encoding="utf-8")
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub makes them (a repeated one gets -1, -2, …)."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    for heading in re.findall(r"^#+\s+(.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+        seen[slug] = n + 1
+    return anchors
+
+
+@pytest.mark.parametrize("doc", LINKED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_into_the_repository(doc):
+    text = doc.read_text(encoding="utf-8")
+    broken = []
+    for target in LINK.findall(re.sub(r"```.*?```", "", text, flags=re.S)):
+        if re.match(r"[a-z]+:", target):  # a web address
+            continue
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve() if file else doc
+        if ROOT not in path.parents and path != ROOT or not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path.read_text(encoding="utf-8")):
+            broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)} links to what is not in the repository: {broken}"
