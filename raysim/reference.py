@@ -18,7 +18,7 @@ from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
 from raysim.config import Scenario
 from raysim.data import DATASETS
 from raysim.data.partition import PARTITIONERS
-from raysim.schema import Rule, When
+from raysim.schema import Rule, When, path_schema
 from raysim.system.config import DISTRIBUTIONS
 
 COMMAND = "raysim list --markdown > docs/keys.md"
@@ -50,25 +50,15 @@ def key_rows(schema: type, section: str = "", applies: tuple[str, ...] = ()) -> 
         if section.endswith("[]") and not all(_holds_in_list(c, section) for c in conditions):
             continue  # a key of another list's entries (a network tier's bandwidth among compute tiers)
         here = applies + tuple(_condition(c, section) for c in conditions if not _list_condition(c))
-        inner = _inner_schema(schema, f)
+        inner = path_schema(schema, f.name)  # a sub-section, an optional one, or a list's entries
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         check = f.metadata.get("check")
-        if inner is None or f.metadata.get("doc") or default is None or isinstance(default, list):
+        if inner is None or f.metadata.get("doc") or default is None or isinstance(default, list):  # a value, or
+            # a section that documents itself, may be null (system.unreliable.local_steps) or is a list of entries
             yield KeyRow(path, default, f.metadata.get("doc", ""), "" if check is None else check.allowed, here)
         if inner is not None:
             entries = path + "[]" if _is_list(schema, f) else path
             yield from key_rows(inner, entries, here)
-
-
-def _inner_schema(schema: type, f: dataclasses.Field) -> type | None:
-    """The dataclass a field holds: a sub-section, an optional one, or a list's entries; None for a value."""
-    inside = [typing.get_type_hints(schema)[f.name]]
-    while inside:
-        hint = inside.pop()
-        if dataclasses.is_dataclass(hint):
-            return hint
-        inside += typing.get_args(hint)
-    return None
 
 
 def _is_list(schema: type, f: dataclasses.Field) -> bool:
