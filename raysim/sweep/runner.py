@@ -108,7 +108,7 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
     whole process tree; ``sweep.parallel`` at once. Ctrl-C (or SIGTERM) ends the running ones
     (SIGTERM, then SIGKILL) and stops the sweep; if the sweep's process is killed outright, they
     get SIGTERM from the kernel (:func:`raysim.lifecycle.end_with_parent`)."""
-    from raysim.bench.process_tree import measure
+    from raysim.measure import measure
     from raysim.lifecycle import END_WITH_PARENT
 
     scenario = _scenario_file(sweep)
@@ -180,7 +180,7 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
     before them (its start-up is not in their wall time): their own runtimes find Ray running and
     leave it so (they end only their actors)."""
     from raysim.api import execute, make_runtime
-    from raysim.bench.process_tree import peak_memory
+    from raysim.measure import peak_memory
     from raysim.lifecycle import guarded
 
     sessions = list(dict.fromkeys(_ray_of(p.cfg) for p in todo))  # points that share a Ray run together
