@@ -157,7 +157,7 @@ def read_scenario(path: str) -> tuple[object, dict]:
                                                                "to the keys each sets")
     for key in ("scenario", "out"):
         if not isinstance(section.get(key) or "", str):
-            raise ScenarioError(f"sweep.{key}", section[key], "a file path" if key == "scenario" else "a directory path")
+            raise ScenarioError(f"sweep.{key}", section[key], "a directory path" if key == "out" else "a file path")
     if not isinstance(section.get("plots", []), list):
         raise ScenarioError("sweep.plots", section["plots"], 'a list of "METRIC:KEY"')
     return content, section
