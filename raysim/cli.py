@@ -371,7 +371,8 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("overrides", nargs="*", default=[], help="key=value overrides for every point")
     swp.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,…",
                      help="a grid key and its values (YAML, lists in brackets: model.hidden=[64],[64,64]); repeat "
-                          "for more keys, the points are their Cartesian product")
+                          "for more keys, the points are their Cartesian product; for a labelled axis of the sweep: "
+                          "section, the labels whose points run")
     swp.add_argument("--repeat", type=int, help="runs per point, repeat r with seed + r (default 1)")
     swp.add_argument("--out", help="the sweep's directory: <out>/<point>/ per run, sweep.parquet, plots "
                                    "(default results/sweeps/<name>)")

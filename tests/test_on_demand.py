@@ -159,7 +159,7 @@ def test_global_evaluation_on_a_seeded_sample(tmp_path):
 
 def _peak_rss(tmp_path, clients: int) -> tuple[int, dict]:
     """Peak RSS (bytes) of the process tree of a 2-round W1 run with ``clients`` clients, and its summary."""
-    from raysim.bench.process_tree import measure
+    from raysim.measure import measure
 
     out = tmp_path / str(clients)
     figures = measure([sys.executable, "-m", "raysim.cli", "run", "scenarios/bench/w1.yaml", "--quiet",

@@ -323,3 +323,112 @@ def test_a_sweep_killed_outright_stops_its_running_point(tmp_path):
             point.kill()
     assert summary(point_dir)["status"] == "interrupted"
     assert not (point_dir / ".raysim.lock").exists()
+
+
+STUDY_SCENARIO = """\
+name: {name}
+data: {{kind: gaussian_mixture, num_clients: 40}}
+model: {{kind: mlp, hidden: [16]}}
+algorithm: {{name: fedavg, lr: 0.05}}
+execution: {{mode: sync, rounds: 1, clients_per_round: 12}}
+runtime: {{backend: local}}
+eval: {{every: 2}}
+"""
+STUDY = """\
+sweep:
+  scenario: a.yaml
+  grid:
+    - ref:
+        clean: {~eval.every: null}
+    - scenario: [a.yaml, b.yaml]
+      opt:
+        slow: {algorithm.lr: 0.05}
+        fast: {algorithm.lr: 0.1, execution.rounds: 2}
+      seed: [3]
+"""
+
+
+def study(tmp_path, text=STUDY) -> str:
+    """A sweep file holding only its sweep: section over two scenario files beside it."""
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text(STUDY_SCENARIO.format(name=name))
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_list_of_grids_with_labelled_sets_and_scenario_files_plans_their_union(tmp_path):
+    from raysim.sweep import plan_sweep
+
+    sweep = plan_sweep(study(tmp_path))
+    assert [p.name for p in sweep.points] == ["ref=clean,repeat=0"] + [
+        f"scenario={s}.yaml,opt={o},seed=3,repeat=0" for s in "ab" for o in ("slow", "fast")]
+    assert sweep.grid == {"ref": ["clean"], "scenario": ["a.yaml", "b.yaml"], "opt": ["slow", "fast"], "seed": [3]}
+    assert sweep.out == Path("results/sweeps/study")  # the sweep file's name: it holds no scenario of its own
+    ref, *rest = sweep.points
+    assert ref.values == {"ref": "clean"} and ref.source == str(tmp_path / "a.yaml")
+    assert ref.cfg == load_scenario(str(tmp_path / "a.yaml"), ["~eval.every", f"output.dir={ref.dir}"])
+    assert ref.cfg.eval.every != 2  # unset: the default applies
+    assert [(p.cfg.name, p.values["opt"], p.cfg.algorithm.lr, p.cfg.execution.rounds, p.cfg.seed) for p in rest] == \
+        [("a", "slow", 0.05, 1, 3), ("a", "fast", 0.1, 2, 3), ("b", "slow", 0.05, 1, 3), ("b", "fast", 0.1, 2, 3)]
+
+
+def test_a_label_on_the_command_line_keeps_its_points(tmp_path):
+    from raysim.sweep import plan_sweep
+
+    sweep = plan_sweep(study(tmp_path), ["opt=fast", "scenario=b.yaml"])  # the grid without opt drops out
+    assert [p.name for p in sweep.points] == ["scenario=b.yaml,opt=fast,seed=3,repeat=0"]
+    sweep = plan_sweep(study(tmp_path), ["seed=4,5"])  # a plain key joins the grid without it
+    assert [p.name for p in sweep.points][:2] == ["ref=clean,seed=4,repeat=0", "ref=clean,seed=5,repeat=0"]
+    assert len(sweep.points) == 10
+
+
+def test_a_study_runs_skips_what_it_ran_and_tables_every_axis(tmp_path, capsys):
+    path = study(tmp_path)
+    out = tmp_path / "out"
+    assert main(["sweep", path, "--grid", "opt=slow", "--in-process", "--out", str(out)]) == 0
+    rows = table(out)
+    assert [(r["scenario"], r["opt"], r["seed"], r["status"]) for r in rows] == \
+        [("a.yaml", "slow", 3, "completed"), ("b.yaml", "slow", 3, "completed")]
+    assert [summary(Path(r["output_dir"]))["name"] for r in rows] == ["a", "b"]
+    capsys.readouterr()
+    # a plain key joins the grid without it: ref's point runs with b.yaml too
+    assert main(["sweep", path, "--grid", "scenario=b.yaml", "--in-process", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("skipped ") == 1 and err.count("start ") == 2, err
+    rows = table(out)
+    assert [(r["ref"], r["scenario"], r["opt"], r["seed"]) for r in rows] == \
+        [("clean", "b.yaml", None, None), (None, "b.yaml", "slow", 3), (None, "b.yaml", "fast", 3)]
+
+
+@pytest.mark.parametrize("edit, args, line", [
+    (("seed: [3]", "seed: [3]\n      extra: {x: {seed: 1}}"), [],
+     "error: grid key extra: seed = [1]: expected a key that one axis of a grid sets (seed sets it too)"),
+    (("{~eval.every: null}", "{~eval.every: 3}"), [],
+     "error: grid key ~eval.every = 3: expected null (~KEY unsets KEY"),
+    (("[a.yaml, b.yaml]", "[a.yaml, c.yaml]"), [],
+     "error: grid key scenario = 'c.yaml': expected an existing scenario file (relative to "),
+    (("  scenario: a.yaml\n", ""), [],
+     "error: sweep.grid = 'ref=clean': expected a scenario for every point (sweep.scenario or a grid key scenario)"),
+    (("sweep:", "name: x\nsweep:"), [],
+     "error: sweep.scenario = 'a.yaml': expected scenario files in a sweep file that holds only its sweep: section"),
+    (("      seed: [3]\n", ""), ["--grid", "~eval.every=null", "--grid", "opt=slow,fast"], None),
+    (("    - ref:", "    - ref: {clean: {}}\n    - ref:"), [],
+     "error: sweep.grid = 'ref=clean': expected grids whose points differ (this point is in two of them)"),
+    (("      opt:", "      opt: 3\n      x:"), [], "error: sweep.grid[1].opt = 3: expected a non-empty list of values, "
+                                                   "or a mapping of labels"),
+    (("        clean: {~eval.every: null}", "        clean: [1]"), [],
+     "error: sweep.grid[0].ref.clean = [1]: expected a mapping of scenario keys to values"),
+    (("    - ref:", "    - 3\n    - ref:"), [], "error: sweep.grid[0] = 3: expected a mapping of scenario keys"),
+    ((), ["--grid", "opt=medium"], "error: --grid opt = 'medium': expected a label of the grid's opt: slow, fast"),
+], ids=["key-of-two-axes", "unset-with-value", "missing-file", "no-scenario", "scenario-beside-keys", "labels-twice",
+        "point-in-two-grids", "axis-not-a-list", "set-not-a-mapping", "grid-not-a-mapping", "unknown-label"])
+def test_a_bad_study_is_one_line_naming_its_key(tmp_path, capsys, edit, args, line):
+    text = STUDY.replace(*edit) if edit else STUDY
+    if line is None:  # the same value of a key given twice on the command line, as labels: a set given twice
+        text, line = STUDY.replace("fast: {", "slow2: {"), "error: grid key opt = ['slow', 'slow2', 'slow']"
+        args = ["--grid", "opt=slow,slow2,slow"]
+    out = tmp_path / "out"
+    assert main(["sweep", study(tmp_path, text), *args, "--out", str(out)]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(line)
+    assert not out.exists()

@@ -17,20 +17,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from raysim.bench.process_tree import measure
+from raysim.measure import MIB, measure, steady
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "bench"
-MIB = 1024 * 1024
 # wall and updates/s against the bare loop, raysim's own updates/s (on the 2-core development machine), peak PSS
 TARGETS = {"w1": (" (target <= 1.3)", " (target >= 1.5)", " (target >= 4000 on 2 cores)",
                   " (target <= 1.2 GiB = 1229 MiB)")}
-
-
-def steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
-    """(updates/s, seconds per round) from the median round after the first (warm-up): the
-    median keeps a hiccup of a shared machine from moving a 5-round figure."""
-    per_round = statistics.median(round_seconds[1:] or round_seconds)
-    return clients_per_round / per_round, per_round
 
 
 def run_raysim(workload: str, out: Path, baseline: Path | None = None) -> dict:

@@ -24,10 +24,9 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
-from raysim.bench.process_tree import measure
+from raysim.measure import MIB, measure
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "bench"
-MIB = 1024 * 1024
 
 
 def _cli(*args) -> list:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from raysim.bench import MIB, SCENARIOS
+from raysim.bench import SCENARIOS
+from raysim.measure import MIB
 
 REFERENCE_CLIENTS = 1000
 EVALUATED = 1000  # eval.clients on both sides: W1's whole population

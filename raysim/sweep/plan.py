@@ -1,11 +1,23 @@
-"""A sweep's plan: its grid, options and points, every point's scenario validated before any runs.
+"""A sweep's plan: its grids, options and points, every point's scenario validated before any runs.
 
 The grid comes from ``--grid key=v1,v2,…`` options and from the ``sweep:`` section of the scenario
 file (:data:`SECTION_KEYS`); values are YAML scalars or flow lists, parsed as omegaconf parses
-``key=value`` overrides. Each point of the grid's Cartesian product, and each repeat, is a full
-run: the scenario with the user's overrides, the point's grid values, ``seed = seed + repeat``
-and its own ``output.dir``; :func:`plan_sweep` loads (validates) every one with
-:func:`raysim.config.load_scenario`, so bad input fails before anything runs.
+``key=value`` overrides. A grid maps each of its axes to its values:
+
+- a scenario key to a list of values (``algorithm.lr: [0.05, 0.1]``);
+- a name to labelled sets of keys set together (``attack: {sign_flip: {system.byzantine.attack:
+  sign_flip, system.byzantine.scale: 4}, …}``): the point's column holds the label; a set's
+  ``~KEY: null`` unsets KEY, as the ``~KEY`` override does;
+- ``scenario`` (a plain axis, or a key in a set) to scenario files, relative to the sweep file,
+  when the sweep file holds only its ``sweep:`` section: several scenarios in one study
+  (``sweep.scenario``: the file of the points that name none).
+
+``sweep.grid`` is one grid or a list of them: the sweep runs the union of their points (e.g. a
+reference point beside a product, or per-setting lists of methods). Each point of a grid's
+Cartesian product, and each repeat, is a full run: the scenario with the user's overrides, the
+point's grid values, ``seed = seed + repeat`` and its own ``output.dir``; :func:`plan_sweep`
+loads (validates) every one with :func:`raysim.config.load_scenario`, so bad input fails before
+anything runs.
 """
 
 from __future__ import annotations
@@ -26,32 +38,34 @@ from raysim.config import load_scenario
 from raysim.errors import ScenarioError, first_line
 from raysim.sweep.results import METRICS
 
-SECTION_KEYS = ("grid", "repeat", "out", "parallel", "plots")
+SECTION_KEYS = ("scenario", "grid", "repeat", "out", "parallel", "plots")
+SCENARIO = "scenario"  # the grid key whose values are scenario files
 MAX_NAME = 200  # longer point names are cut and made unique with a hash (a file name holds 255 bytes)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+\-\[\]]")
 
 
 @dataclass(eq=False)
 class Point:
-    """One run of the sweep: a point of the grid (``values``: grid key -> value as the scenario
-    resolved it) and a repeat, with the overrides that make its scenario and the loaded ``cfg``."""
+    """One run of the sweep: a point of a grid (``values``: axis -> value as the scenario resolved
+    it, a set's label, or the scenario file as given) and a repeat, with what load_scenario loads
+    (``source``: a file, or the sweep file's mapping without its ``sweep:`` section), the
+    overrides that make its scenario of it and the loaded ``cfg``."""
 
     name: str
     values: dict
     repeat: int
     dir: Path
+    source: object
     overrides: list
     cfg: object  # DictConfig
 
 
 @dataclass
 class Sweep:
-    """A validated sweep: the scenario file (``scenario``) and what load_scenario loads of it
-    (``source``: the file, or its mapping without the ``sweep:`` section), the options and the
-    points in run order (repeat by repeat)."""
+    """A validated sweep: the sweep file (``scenario``), its axes (``grid``: axis -> the values or
+    labels of every grid, in order), the options and the points in run order (repeat by repeat)."""
 
     scenario: str
-    source: object
     grid: dict
     repeat: int
     out: Path
@@ -129,17 +143,34 @@ def read_scenario(path: str) -> tuple[object, dict]:
     for key in section:
         if key not in SECTION_KEYS:
             raise ScenarioError(f"sweep.{key}", section[key], "a known key; allowed here: " + ", ".join(SECTION_KEYS))
-    grid = section.get("grid") or {}
-    if not isinstance(grid, dict):
-        raise ScenarioError("sweep.grid", grid, "a mapping of scenario keys to lists of values")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ScenarioError(f"sweep.grid.{key}", values, "a non-empty list of values")
-    if not isinstance(section.get("out") or "", str):
-        raise ScenarioError("sweep.out", section["out"], "a directory path")
+    grids = section.get("grid") or {}
+    for i, grid in enumerate(grids if isinstance(grids, list) else [grids]):
+        where = f"sweep.grid[{i}]" if isinstance(grids, list) else "sweep.grid"
+        if not isinstance(grid, dict) or (not grid and isinstance(grids, list)):
+            raise ScenarioError(where, grid, "a mapping of scenario keys to lists of values (or of axis names to "
+                                             "labelled sets of keys); sweep.grid may be a list of such grids")
+        for key, values in grid.items():
+            if isinstance(values, dict):
+                _check_sets(f"{where}.{key}", values)
+            elif not isinstance(values, list) or not values:
+                raise ScenarioError(f"{where}.{key}", values, "a non-empty list of values, or a mapping of labels "
+                                                               "to the keys each sets")
+    for key in ("scenario", "out"):
+        if not isinstance(section.get(key) or "", str):
+            raise ScenarioError(f"sweep.{key}", section[key], "a directory path" if key == "out" else "a file path")
     if not isinstance(section.get("plots", []), list):
         raise ScenarioError("sweep.plots", section["plots"], 'a list of "METRIC:KEY"')
     return content, section
+
+
+def _check_sets(where: str, sets: dict) -> None:
+    """A labelled axis: at least one label, each naming a mapping of keys (or nothing: no keys)."""
+    if not sets:
+        raise ScenarioError(where, sets, "at least one label")
+    for label, keys in sets.items():
+        if keys is not None and not isinstance(keys, dict):
+            raise ScenarioError(f"{where}.{label}", keys, "a mapping of scenario keys to values (the keys this label "
+                                                          "sets), or nothing")
 
 
 def _integer(name: str, value, default: int) -> int:
@@ -152,39 +183,87 @@ def _integer(name: str, value, default: int) -> int:
 def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None = None, out: str | None = None,
                parallel: int | None = None, plots=None) -> Sweep:
     """The sweep of ``scenario`` with ``--grid`` options merged over its ``sweep:`` section (a
-    command-line key replaces the section's values of that key; ``repeat``, ``out``, ``parallel``
-    and ``plots``, when given, replace the section's), every point validated. Raises
+    command-line key replaces that key's values in every grid, or joins the grids without it; a
+    labelled axis's key selects its points with those labels; ``repeat``, ``out``, ``parallel`` and
+    ``plots``, when given, replace the section's), every point validated. Raises
     :class:`ScenarioError` (one line, naming the grid key and value) for bad input."""
     source, section = read_scenario(scenario)
-    grid = {str(k): list(v) for k, v in (section.get("grid") or {}).items()}
-    grid.update(parse_grid_options(grid_options))
-    if not grid:
+    grids = section.get("grid") or {}
+    grids = [_axes(grid) for grid in (grids if isinstance(grids, list) else [grids])]
+    grids = _merge(grids, parse_grid_options(grid_options))
+    if not any(grids):
         key, value = ("sweep.grid", section["grid"]) if "grid" in section else ("--grid", [])
         raise ScenarioError(key, value, "at least one grid key: --grid key=v1,v2,… or a sweep: section with a "
                                         "grid in the scenario file")
-    _check_grid(grid, overrides)
+    for grid in grids:
+        _check_grid(grid, overrides)
     repeat_key = "--repeat" if repeat is not None else "sweep.repeat"
     repeat = _integer(repeat_key, repeat, section.get("repeat", 1))
     parallel = _integer("--parallel" if parallel is not None else "sweep.parallel", parallel,
                         section.get("parallel", 1))
-    if "seed" in grid and repeat > 1:
+    if repeat > 1 and any("seed" in entry[1] for grid in grids for entries in grid.values() for entry in entries):
         raise ScenarioError(repeat_key, repeat, "1 when seed is a grid key (repeat r runs with seed + r: the "
                                                 "seeds of the grid and of the repeats would collide)")
-    plots = parse_plots(section.get("plots") or [] if plots is None else plots, grid)
-    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-    names = _unique([",".join(f"{k}={value_text(v)}" for k, v in combo.items()) for combo in combos])
+    axes = {}  # axis -> its values or labels over all grids, in order
+    for grid in grids:
+        for axis, entries in grid.items():
+            known = axes.setdefault(axis, [])
+            known += [v for v, _ in entries if value_text(v) not in map(value_text, known)]
+    plots = parse_plots(section.get("plots") or [] if plots is None else plots, axes)
+    combos = [combo for grid in grids for combo in itertools.product(*([(axis, *entry) for entry in entries]
+                                                                        for axis, entries in grid.items()))]
+    names = [",".join(f"{axis}={value_text(v)}" for axis, v, _ in combo) for combo in combos]
+    twice = [n for n in names if names.count(n) > 1]
+    if twice:
+        raise ScenarioError("sweep.grid", twice[0], "grids whose points differ (this point is in two of them)")
+    names = _unique(names)
+    base = Path(scenario).parent
     points, first = [], {}
     for r in range(repeat):
         for combo, name in zip(combos, names):
-            points.append(_point(source, combo, f"{name},repeat={r}", r, overrides, first))
-    _check_read_apart(grid, combos, points[:len(combos)])
+            points.append(_point(source, base, section.get("scenario"), combo, f"{name},repeat={r}", r, overrides,
+                                 first))
+    _check_read_apart(axes, combos, points[:len(combos)])
     out = out if out is not None else section.get("out")
-    out = Path(out) if out else Path("results") / "sweeps" / str(points[0].cfg.name)
+    default = points[0].cfg.name if isinstance(source, str) or source else Path(scenario).stem
+    out = Path(out) if out else Path("results") / "sweeps" / str(default)
     for point in points:  # the output.dir of each: validated with the scenario's own (any path is)
         point.dir = out / _dir_name(point.name)
         point.overrides.append(f"output.dir={value_text(str(point.dir))}")
         point.cfg.output.dir = str(point.dir)
-    return Sweep(scenario, source, grid, repeat, out, parallel, plots, points)
+    return Sweep(scenario, axes, repeat, out, parallel, plots, points)
+
+
+def _axes(grid: dict) -> dict:
+    """A grid as {axis: [(value or label, {key: value it sets})]}."""
+    axes = {}
+    for axis, values in grid.items():
+        axis = str(axis)
+        if isinstance(values, dict):
+            axes[axis] = [(str(label), dict(keys or {})) for label, keys in values.items()]
+        else:
+            axes[axis] = [(v, {axis: v}) for v in values]
+    return axes
+
+
+def _merge(grids: list, options: dict) -> list:
+    """The grids with the ``--grid`` options applied: a labelled axis's option keeps the points with
+    those labels (grids without them drop out); another key's replaces its values in every grid,
+    or joins those without it."""
+    for key, values in options.items():
+        labelled = [g for g in grids if key in g and any(keys != {key: v} for v, keys in g[key])]
+        if labelled:
+            labels = [str(v) for v in values]
+            known = list(dict.fromkeys(label for g in labelled for label, _ in g[key]))
+            missing = [label for label in labels if label not in known]
+            if missing:
+                raise ScenarioError(f"--grid {key}", missing[0], f"a label of the grid's {key}: {', '.join(known)}")
+            grids = [dict(g, **{key: [e for label in labels for e in g[key] if e[0] == label]}) for g in labelled]
+            grids = [g for g in grids if g[key]]
+        else:
+            grids = [dict(g, **{key: [(v, {key: v}) for v in values]}) for g in grids] or \
+                [{key: [(v, {key: v}) for v in values]}]
+    return grids
 
 
 def parse_plots(texts, grid: dict) -> list[tuple[str, str]]:
@@ -202,50 +281,80 @@ def parse_plots(texts, grid: dict) -> list[tuple[str, str]]:
 
 def _check_grid(grid: dict, overrides) -> None:
     """Grid keys the sweep cannot take: output.dir (the sweep sets it), one also given as an
-    override, and a key with a value twice."""
+    override, one that two axes set, and a key or label with a value twice."""
     overridden = {o.partition("=")[0].strip() for o in overrides}
-    for key, values in grid.items():
-        if key in ("output", "output.dir"):
-            raise ScenarioError(f"grid key {key}", values, "a key other than output.dir (each point's output.dir "
-                                                           "is <out>/<point>; choose the directory with --out)")
-        if key in overridden:
-            raise ScenarioError(f"grid key {key}", values, "a key that no key=value override also sets")
-        texts = [value_text(v) for v in values]
+    setters = {}  # scenario key -> the axis that sets it
+    for axis, entries in grid.items():
+        for key in dict.fromkeys(k for _, keys in entries for k in keys):
+            name = f"grid key {key}" if key == axis else f"grid key {axis}: {key}"
+            values = [keys[key] for _, keys in entries if key in keys]
+            if key in ("output", "output.dir"):
+                raise ScenarioError(name, values, "a key other than output.dir (each point's output.dir is "
+                                                  "<out>/<point>; choose the directory with --out)")
+            if key in overridden:
+                raise ScenarioError(name, values, "a key that no key=value override also sets")
+            if setters.setdefault(key, axis) != axis:
+                raise ScenarioError(name, values, f"a key that one axis of a grid sets ({setters[key]} sets it too)")
+        texts = [value_text(v) for v, _ in entries]
         twice = [t for t in texts if texts.count(t) > 1]
         if twice:
-            raise ScenarioError(f"grid key {key}", values, f"distinct values ({twice[0]} is given twice)")
+            raise ScenarioError(f"grid key {axis}", [v for v, _ in entries], f"distinct values ({twice[0]} is given "
+                                                                              f"twice)")
     if {"output", "output.dir"} & overridden:
         given = next(o for o in overrides if o.partition("=")[0].strip() in ("output", "output.dir"))
         raise ScenarioError(given.partition("=")[0].strip(), given.partition("=")[2],
                             "no override in a sweep (each point's output.dir is <out>/<point>; use --out)")
 
 
-def _check_read_apart(grid: dict, combos: list, points: list) -> None:
+def _check_read_apart(axes: dict, combos: list, points: list) -> None:
     """Values of a grid key that the scenario reads alike (1 and 1.0 of a float key) would run one
     point twice: a ScenarioError names the first two. ``points``: those of ``combos``, in order."""
-    for key, values in grid.items():
-        given_as = {}  # a value as the scenario holds it -> as the grid first gave it
-        for combo, point in zip(combos, points):
-            given, held = value_text(combo[key]), value_text(point.values[key])
-            if given_as.setdefault(held, given) != given:
-                raise ScenarioError(f"grid key {key}", values, f"distinct values ({given_as[held]} and {given} are "
-                                                               f"both read as {held})")
+    given_as = {}  # (key, value as the scenario holds it) -> as the grid first gave it
+    for combo, point in zip(combos, points):
+        for axis, value, keys in combo:
+            if keys == {axis: value} and axis != SCENARIO:
+                given, held = value_text(value), value_text(point.values[axis])
+                if given_as.setdefault((axis, held), given) != given:
+                    raise ScenarioError(f"grid key {axis}", axes[axis], f"distinct values "
+                                        f"({given_as[axis, held]} and {given} are both read as {held})")
 
 
-def _point(source, combo: dict, name: str, repeat: int, overrides, first: dict) -> Point:
+def _point(source, base: Path, default, combo: tuple, name: str, repeat: int, overrides, first: dict) -> Point:
     """A validated point (its output.dir is set once the sweep's directory is known); repeats
-    after the first add ``repeat`` to the first's seed."""
-    grid_overrides = [f"{k}={value_text(v)}" for k, v in combo.items()]
-    key = tuple(grid_overrides)
+    after the first add ``repeat`` to the first's seed. ``base``: the directory of the sweep file,
+    which scenario files (the point's ``scenario`` key, else ``default``, sweep.scenario) are
+    relative to."""
+    keys = {k: v for _, _, ks in combo for k, v in ks.items()}
+    key = f"grid key {SCENARIO}" if SCENARIO in keys else f"sweep.{SCENARIO}"
+    given = keys.pop(SCENARIO, default)
+    if given is not None:
+        if not isinstance(source, dict) or source:
+            raise ScenarioError(key, given, "scenario files in a sweep file that holds only its sweep: section (its "
+                                            "other keys would be ignored)")
+        source = str(base / str(given))
+        if not Path(source).is_file():
+            raise ScenarioError(key, given, f"an existing scenario file (relative to {base})")
+    elif isinstance(source, dict) and not source:
+        raise ScenarioError("sweep.grid", name.rpartition(",repeat=")[0], f"a {SCENARIO} for every point "
+                                                                          f"(sweep.{SCENARIO} or a grid key "
+                                                                          f"{SCENARIO}): the sweep file holds no "
+                                                                          f"scenario of its own")
+    for k, v in keys.items():
+        if k.startswith("~") and v is not None:
+            raise ScenarioError(f"grid key {k}", v, "null (~KEY unsets KEY, as the ~KEY override does: it takes no "
+                                                    "value)")
+    grid_overrides = [k if k.startswith("~") else f"{k}={value_text(v)}" for k, v in keys.items()]
+    key = (str(source), *grid_overrides)
     seed = [] if repeat == 0 else [f"seed={first[key].seed + repeat}"]
     point_overrides = [*overrides, *grid_overrides, *seed]
     try:
         cfg = load_scenario(source, point_overrides)
     except ScenarioError as exc:
-        raise _in_point(exc, combo, name) from None
+        raise _in_point(exc, keys, name) from None
     if repeat == 0:
         first[key] = cfg
-    return Point(name, {k: _resolved(cfg, k) for k in combo}, repeat, Path(), point_overrides, cfg)
+    values = {axis: _resolved(cfg, axis) if ks == {axis: v} and axis != SCENARIO else v for axis, v, ks in combo}
+    return Point(name, values, repeat, Path(), source, point_overrides, cfg)
 
 
 def _in_point(exc: ScenarioError, combo: dict, name: str) -> ScenarioError:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from raysim.bench import MIB
+from raysim.measure import MIB
 from raysim.metrics.report import DPI, new_figure
 from raysim.sweep.plan import value_text
 

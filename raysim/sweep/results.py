@@ -113,7 +113,7 @@ def _comparable(scenario, num_cpus) -> dict:
 
 def point_row(point) -> dict:
     """The point's row of sweep.parquet (the figures of a run that did not complete are null)."""
-    from raysim.bench import steady
+    from raysim.measure import steady
 
     measured = _json(point.dir / MEASURED) or {}
     summary = _json(point.dir / "summary.json") or {}

@@ -34,7 +34,8 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
         from raysim.sweep.plots import write_plots
 
         combos = len(sweep.points) // sweep.repeat  # points run repeat by repeat; rows go point by point
-        rows = [point_row(sweep.points[i]) for i in sorted(range(len(sweep.points)), key=lambda i: (i % combos, i))]
+        rows = [{**dict.fromkeys(sweep.grid), **point_row(sweep.points[i])}  # an axis of other grids: null
+                for i in sorted(range(len(sweep.points)), key=lambda i: (i % combos, i))]
         table = sweep.out / "sweep.parquet"
         write_table(rows, list(sweep.grid), table)
     print(table)
@@ -108,10 +109,10 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
     whole process tree; ``sweep.parallel`` at once. Ctrl-C (or SIGTERM) ends the running ones
     (SIGTERM, then SIGKILL) and stops the sweep; if the sweep's process is killed outright, they
     get SIGTERM from the kernel (:func:`raysim.lifecycle.end_with_parent`)."""
-    from raysim.bench.process_tree import measure
+    from raysim.measure import measure
     from raysim.lifecycle import END_WITH_PARENT
 
-    scenario = _scenario_file(sweep)
+    files = {point.name: _scenario_file(sweep, point) for point in todo}  # written before any point starts
     running = {}  # point name -> pid of its process, while it runs
     lock, stopping = threading.Lock(), threading.Event()
 
@@ -123,7 +124,7 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
                     proc.terminate()
 
         _started(say, point)
-        figures = measure([sys.executable, "-m", "raysim.cli", "run", scenario, *point.overrides, "--quiet"],
+        figures = measure([sys.executable, "-m", "raysim.cli", "run", files[point.name], *point.overrides, "--quiet"],
                           started=started, env={**os.environ, END_WITH_PARENT: str(os.getpid())})
         with lock:
             running.pop(point.name, None)
@@ -162,15 +163,15 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _scenario_file(sweep: Sweep) -> str:
-    """The file the points' ``raysim run`` loads: the scenario, or without its sweep: section
-    ``<out>/sweep_scenario.yaml``."""
-    if isinstance(sweep.source, str):
-        return sweep.source
+def _scenario_file(sweep: Sweep, point) -> str:
+    """The file a point's ``raysim run`` loads: its scenario file, or the sweep file's scenario
+    without its sweep: section, ``<out>/sweep_scenario.yaml``."""
+    if isinstance(point.source, str):
+        return point.source
     from omegaconf import OmegaConf
 
     path = sweep.out / "sweep_scenario.yaml"
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(sweep.source)))
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(point.source)))
     return str(path)
 
 
@@ -180,7 +181,7 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
     before them (its start-up is not in their wall time): their own runtimes find Ray running and
     leave it so (they end only their actors)."""
     from raysim.api import execute, make_runtime
-    from raysim.bench.process_tree import peak_memory
+    from raysim.measure import peak_memory
     from raysim.lifecycle import guarded
 
     sessions = list(dict.fromkeys(_ray_of(p.cfg) for p in todo))  # points that share a Ray run together

@@ -1,14 +1,12 @@
-"""Run and summarise the saddle-escape experiment (scenarios/paper/saddle/README.md), after Vlaski,
-Rizk and Sayed, "Second-Order Guarantees in Federated Learning".
+"""The saddle-escape experiment's tables and figures (scenarios/paper/saddle/README.md), after Vlaski,
+Rizk and Sayed, "Second-Order Guarantees in Federated Learning", from its sweep.
 
-    python scenarios/paper/saddle/grid.py run [--settings main,hetero_steps,...] [--seeds 0,1,2] [--clients 1,10,100]
-    python scenarios/paper/saddle/grid.py summarize [--figures docs/paper]
+    raysim sweep scenarios/paper/saddle/sweep.yaml --parallel 2
+    python scenarios/paper/saddle/summarize.py [results/paper/saddle] [--figures docs/paper]
 
-``run`` executes every (setting, L, seed) asked for, one after the other in this one Python
-process (no start-up per run), into ``results/paper/saddle/<setting>/L<L>_s<seed>``, skipping runs
-whose ``summary.json`` says completed. ``summarize`` reads every finished run and prints one
-Markdown table per setting (escape rounds, final J − J*, ‖∇J‖², λ_min, jitter: median [min, max]
-over seeds) and, with ``--figures``, writes the figures ``saddle_*.png`` there.
+Reads the sweep's sweep.parquet and every completed point's run and prints one Markdown table per
+setting (escape rounds, final J − J*, ‖∇J‖², λ_min, jitter: median [min, max] over seeds) and,
+with ``--figures``, writes the figures ``saddle_*.png`` there.
 
 Two escape rounds, each "never" if no evaluation (every 10 rounds) reaches it: half-way, the first
 evaluated round at which J(w) has come half-way down from J(0) = log 2 to its minimum J*; and
@@ -23,55 +21,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]  # the repository root (scenarios/paper/saddle/ -> ./)
-sys.path.insert(0, str(ROOT))  # this checkout's raysim, whatever else is installed
-RESULTS = ROOT / "results" / "paper" / "saddle"
 CLIENTS = (1, 5, 10, 25, 50, 100)  # L
 ESCAPE = -0.01  # λ_min(∇²J) at or above −μ: out of the saddle's negative curvature
-SETTINGS = {  # setting -> (scenario file, title)
-    "main": ("saddle.yaml", "E_k = 10, one coin per step, start 10⁻³·N(0, 1), scalar"),
-    "hetero_steps": ("saddle_hetero_steps.yaml", "E_k ~ U{1..20}"),
-    "round_coins": ("saddle_round_coins.yaml", "one coin per round"),
-    "at_origin": ("saddle_at_origin.yaml", "start exactly at 0, gradient noise σ_v = 0.01"),
-    "dim2": ("saddle_dim2.yaml", "vector case, d = 2"),
+SETTINGS = {  # setting (a label of sweep.yaml) -> title
+    "main": "E_k = 10, one coin per step, start 10⁻³·N(0, 1), scalar",
+    "hetero_steps": "E_k ~ U{1..20}",
+    "round_coins": "one coin per round",
+    "at_origin": "start exactly at 0, gradient noise σ_v = 0.01",
+    "dim2": "vector case, d = 2",
 }
 
 
-def run_dir(setting: str, clients: int, seed: int) -> Path:
-    return RESULTS / setting / f"L{clients}_s{seed}"
-
-
-def finished(path: Path) -> bool:
-    summary = path / "summary.json"
-    return summary.exists() and json.loads(summary.read_text())["status"] == "completed"
-
-
-def run(settings: list, seeds: list, clients: list) -> None:
-    """Run the missing (setting, L, seed) runs, printing each one's wall time."""
-    import raysim
-
-    for setting in settings:
-        scenario = HERE / SETTINGS[setting][0]
-        for seed in seeds:
-            for L in clients:
-                out = run_dir(setting, L, seed)
-                if finished(out):
-                    continue
-                began = time.perf_counter()
-                raysim.run(str(scenario), [f"seed={seed}", f"execution.clients_per_round={L}", f"output.dir={out}"])
-                print(f"{setting} L={L} seed={seed}: {time.perf_counter() - began:.1f} s", flush=True)
+def completed(results: Path) -> dict:
+    """{(setting, L): [(seed, run directory)] of the completed points, in seed order}."""
+    found = {}
+    for point in sorted(pq.read_table(results / "sweep.parquet").to_pylist(), key=lambda p: p["seed"]):
+        if point["status"] == "completed":
+            found.setdefault((point["setting"], point["execution.clients_per_round"]), []).append(
+                (point["seed"], Path(point["output_dir"])))
+    return found
 
 
 def curves(path: Path) -> dict:
     """The evaluated rounds of one run: round, objective, grad_norm_sq, hessian_min_eig, parameters."""
-    import pyarrow.parquet as pq
-
     table = pq.read_table(path / "rounds.parquet",
                           columns=["round", "objective", "grad_norm_sq", "hessian_min_eig", "parameters"])
     rows = table.filter(table.column("objective").is_valid()).to_pydict()
@@ -80,7 +57,7 @@ def curves(path: Path) -> dict:
     return out
 
 
-def exact_minimum(setting: str, seed: int) -> float:
+def exact_minimum(run: Path) -> float:
     """J* = min J. The model's output w₁ᵀW₂h is vᵀh with v = W₂ᵀw₁, and the least (ρ/2)(‖w₁‖² + ‖W₂‖²)
     giving a v is ρ‖v‖ (a balanced rank-one pair), so J* = min over v ∈ R^d of the mean logistic
     loss of vᵀh plus ρ‖v‖, a convex problem (equal client sizes: p_k/n_k is the same for every row)."""
@@ -89,8 +66,8 @@ def exact_minimum(setting: str, seed: int) -> float:
     from raysim.config import load_scenario
     from raysim.data import build_dataset
 
-    cfg = load_scenario(str(HERE / SETTINGS[setting][0]), [f"seed={seed}"])
-    data = build_dataset(cfg.data, seed).materialize()
+    cfg = load_scenario(str(run / "scenario.yaml"))  # the run's scenario: its data, seed and ρ
+    data = build_dataset(cfg.data, cfg.seed).materialize()
     train = np.concatenate([np.arange(lo, hi) for lo, hi, _ in data.offsets()])
     h = torch.from_numpy(data.features()[train].astype(np.float64))
     gamma = torch.from_numpy(2.0 * data.labels()[train] - 1.0)
@@ -132,21 +109,18 @@ def spread(values: list, fmt: str) -> str:
     return text + (f", never in {len(values) - len(finite)}" if len(finite) < len(values) else "")
 
 
-def summarize(figures: Path | None) -> None:
+def summarize(results: Path, figures: Path | None) -> None:
     """Print a table per setting and write the figures."""
-    loaded = {}
-    for setting in SETTINGS:
-        for L in CLIENTS:
-            runs = sorted(p for p in (RESULTS / setting).glob(f"L{L}_s*") if finished(p))
-            if runs:
-                loaded[setting, L] = [(int(p.name.split("_s")[1]), curves(p),
-                                       json.loads((p / "summary.json").read_text())["wall_seconds"]) for p in runs]
-    for setting, (_, title) in SETTINGS.items():
+    found = completed(results)
+    loaded = {key: [(seed, curves(run), json.loads((run / "summary.json").read_text())["wall_seconds"])
+                    for seed, run in runs] for key, runs in found.items()}
+    for setting, title in SETTINGS.items():
         rows = [(L, loaded[setting, L]) for L in CLIENTS if (setting, L) in loaded]
         if not rows:
             continue
         print(f"\n### {setting}: {title}\n")
-        minimum = {s: exact_minimum(setting, s) for s in sorted({s for _, runs in rows for s, _, _ in runs})}
+        runs_of = {seed: run for L, _ in rows for seed, run in found[setting, L]}  # any L: the data is the seed's
+        minimum = {s: exact_minimum(runs_of[s]) for s in sorted(runs_of)}
         print("J* (exact minimum) per seed: " + ", ".join(f"{j:.4f} (seed {s})" for s, j in minimum.items()))
         print("\n| L | seeds | escape: half-way | escape: λ_min ≥ −0.01 | final J − J* | final ‖∇J‖² | final λ_min "
               "| jitter | s per run |")
@@ -193,7 +167,7 @@ def _figures(loaded: dict, where: Path) -> None:
     fig.tight_layout()
     fig.savefig(where / "saddle_trajectories.png", dpi=120)
     plt.close(fig)
-    for setting, (_, title) in SETTINGS.items():
+    for setting, title in SETTINGS.items():
         present = [L for L in CLIENTS if (setting, L) in loaded]
         if not present:
             continue
@@ -216,19 +190,11 @@ def _figures(loaded: dict, where: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    go = sub.add_parser("run")
-    go.add_argument("--settings", default=",".join(SETTINGS))
-    go.add_argument("--seeds", default="0")
-    go.add_argument("--clients", default=",".join(map(str, CLIENTS)))
-    show = sub.add_parser("summarize")
-    show.add_argument("--figures", type=Path, default=None)
+    parser.add_argument("results", nargs="?", type=Path, default=Path("results/paper/saddle"),
+                        help="the sweep's directory")
+    parser.add_argument("--figures", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    if args.command == "run":
-        run(args.settings.split(","), [int(s) for s in args.seeds.split(",")],
-            [int(c) for c in args.clients.split(",")])
-    else:
-        summarize(args.figures)
+    summarize(args.results, args.figures)
     return 0
 
 

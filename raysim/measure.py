@@ -1,13 +1,24 @@
-"""Wall time and peak memory of a command's whole process tree (Ray's daemons and workers included)."""
+"""What a run costs: wall time and peak memory of a command's whole process tree (Ray's daemons and
+workers included), and the steady rate of its rounds. Shared by ``raysim bench`` and ``raysim sweep``."""
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import threading
 import time
 from contextlib import contextmanager
 
 import psutil
+
+MIB = 1024 * 1024
+
+
+def steady(round_seconds: list, clients_per_round: int) -> tuple[float, float]:
+    """(updates/s, seconds per round) from the median round after the first (warm-up): the
+    median keeps a hiccup of a shared machine from moving a 5-round figure."""
+    per_round = statistics.median(round_seconds[1:] or round_seconds)
+    return clients_per_round / per_round, per_round
 
 
 def _tree_memory(root: psutil.Process, pss: bool) -> int:
