@@ -123,7 +123,7 @@ class AsyncDriver:
         # (not with personalized evaluation: its tasks run on the actors, and a lost one would end the run
         # with updates logged as applied whose steps were not taken)
         ev = scheduler.cfg.eval
-        self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.plain_steps
+        self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.pipeline.takes_steps_together
                                and not scheduler.algorithm.stateful
                                and not (ev.personalized_steps or ev.personalized_epochs))
         self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, clock)
@@ -285,7 +285,7 @@ class AsyncDriver:
 
     def _take_deferred(self) -> dict:
         """Take the window's deferred server steps from model version ``deferred_from`` (their
-        aggregates at once, :meth:`Algorithm.server_updates`), each with its evaluation and
+        aggregates at once, :meth:`ServerPipeline.steps`), each with its evaluation and
         rounds row as :meth:`_server_step` would; returns the payloads of the new versions. As
         there, a row's wall time runs from the previous row, so the window's first row holds the
         window's work before its steps."""
@@ -293,7 +293,8 @@ class AsyncDriver:
         if not steps:
             return {}
         clock, s.version = s.clock, self.deferred_from
-        states = s.algorithm.server_updates(s.state, [(updates, weights) for updates, weights, _ in steps])
+        states, s.stage_states = s.pipeline.steps(s.state, s.stage_states,
+                                                  [(updates, weights) for updates, weights, _ in steps], s.version)
         payloads = {}
         for (updates, _, at), state in zip(steps, states):
             s.state, s.clock = state, at

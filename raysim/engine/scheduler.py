@@ -23,12 +23,12 @@ from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
 from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator, pooled
 from raysim.engine.run_state import RunState
 from raysim.engine.sync import SyncDriver
-from raysim.errors import DivergenceError, NoClientAvailable, RunError
+from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
+from raysim.pipeline.build import server_pipeline
 from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
-from raysim.system.byzantine import Attack
 from raysim.threads import torch_threads
 
 MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten (or twice those in use)
@@ -67,10 +67,8 @@ class Scheduler:
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
-        self.byzantine = self.system.profile["byzantine"]
-        self.attack = Attack(cfg.system.byzantine, cfg.seed)
-        self.honest_seen: list = []  # FedAsync under an omniscient attack: the last `window` honest updates
-        self.momentum: dict = {}  # client id -> its momentum of updates (algorithm.client_momentum)
+        self.pipeline = server_pipeline(cfg, self.algorithm, self.system.profile["byzantine"])
+        self.stage_states = self.pipeline.init()  # stage name -> its state (client momentum, the attack's window)
         initial = self.model.initial_vector()
         self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
         self.task_size = clients_per_task(cfg)
@@ -81,11 +79,6 @@ class Scheduler:
         self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
             self.model, self.dataset, cfg.system.unreliable.weights == "uniform",
             getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
-        # a server step is the algorithm's update alone: no client momentum, no update an attack replaces or
-        # watches, and the mean (no check of the model after the step)
-        self.plain_steps = (not getattr(cfg.algorithm, "client_momentum", 0.0) and self.judges_each_update
-                            and not (self.byzantine.any() and self.attack.replaces_updates)
-                            and not self.attack.omniscient)
         self.state = self.algorithm.init(initial)
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
         self.version = 0  # server model version: increases with every server step
@@ -149,7 +142,7 @@ class Scheduler:
         return RunState(server=self.state, client_state=dict(self.client_state), clock=float(self.clock),
                         version=self.version, counter=self.counter, applied=self.applied,
                         last_eval=dict(self.last_eval), done=self.done, driver=self.driver.snapshot(),
-                        honest_seen=list(self.honest_seen), momentum=dict(self.momentum))
+                        pipeline=dict(self.stage_states))
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
@@ -159,7 +152,7 @@ class Scheduler:
         self.state, self.client_state = state.server, dict(state.client_state)
         self.clock, self.version, self.counter, self.applied = state.clock, state.version, state.counter, state.applied
         self.last_eval, self.done = dict(state.last_eval), state.done
-        self.honest_seen, self.momentum = list(state.honest_seen), dict(state.momentum)
+        self.stage_states = dict(state.pipeline)
         self._rounds, self._events = [], []
         self._handles, self._payload = {}, (-1, None)
         self.driver.restore(state.driver)
@@ -227,50 +220,14 @@ class Scheduler:
 
     @property
     def judges_each_update(self) -> bool:
-        """Whether a non-finite update stops the run (the mean aggregator); a robust aggregator may
-        absorb it, and only a non-finite model stops the run."""
-        return not self.algorithm.aggregator.robust
+        """Whether a non-finite update stops the run (see :attr:`ServerPipeline.judges_each_update`)."""
+        return self.pipeline.judges_each_update
 
     def server_step(self, updates, weights: np.ndarray) -> None:
-        """Apply ``updates`` (a round or a FedBuff buffer, client-id order) with ``weights``: each
-        client sends its momentum (``algorithm.client_momentum``), the Byzantine clients' rows are
-        replaced by what they send, then the algorithm's server update. Raises DivergenceError on a
-        non-finite Byzantine update (mean aggregator) or model."""
-        beta = getattr(self.cfg.algorithm, "client_momentum", 0.0)
-        if beta:  # row by row: a FedBuff buffer may hold two updates of one client
-            sent = []
-            for i, c in enumerate(updates.client_ids.tolist()):
-                moved = (1 - beta) * updates.vector[i]
-                if c in self.momentum:
-                    moved += beta * self.momentum[c]
-                self.momentum[c] = moved
-                sent.append(moved)
-            updates.vector = torch.stack(sent)
-        byzantine = self.byzantine[updates.client_ids]
-        ex = self.cfg.execution
-        fedasync = ex.mode == "async" and ex.aggregation == "fedasync"
-        if byzantine.any() and self.attack.replaces_updates:
-            seen = torch.stack(self.honest_seen) if fedasync and self.attack.omniscient and self.honest_seen else None
-            updates.vector = self.attack(updates.vector, byzantine, self.version, seen)
-            bad = updates.first_nonfinite() if self.judges_each_update else None
-            if bad is not None:
-                advice = ("; choose a robust algorithm.aggregator (median, trimmed_mean, krum, ...)"
-                          if hasattr(self.cfg.algorithm, "aggregator") else "")
-                raise DivergenceError(
-                    f"server step {self.version + 1}: Byzantine client {updates.client_ids[bad]} sent a non-finite "
-                    f"update (system.byzantine.attack={self.cfg.system.byzantine.attack}) and the mean cannot absorb "
-                    f"it{advice}")
-        if fedasync and self.attack.omniscient and not byzantine.all():
-            honest = updates.vector[torch.from_numpy(np.flatnonzero(~byzantine))]
-            self.honest_seen = (self.honest_seen + list(honest))[-self.cfg.system.byzantine.window:]
-        self.state = self.algorithm.server_update(self.state, updates, weights)
-        if not self.judges_each_update and not bool(self.state.params.isfinite().all()):
-            why = (f"{int(byzantine.sum())} of them from Byzantine clients (system.byzantine.attack="
-                   f"{self.cfg.system.byzantine.attack}) that the rule did not absorb" if byzantine.any() else
-                   f"try a smaller algorithm.lr (now {self.cfg.algorithm.lr})")
-            raise DivergenceError(
-                f"server step {self.version + 1}: the model is not finite after aggregating {len(updates.client_ids)} "
-                f"updates with algorithm.aggregator={self.algorithm.aggregator.name}; {why}")
+        """Apply ``updates`` (a round or a FedBuff buffer, client-id order) with ``weights`` through the
+        server pipeline (:class:`~raysim.pipeline.server.ServerPipeline`)."""
+        self.state, self.stage_states = self.pipeline.step(self.state, self.stage_states, updates, weights,
+                                                           self.version)
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``,
@@ -286,7 +243,7 @@ class Scheduler:
         payload = self.payload()
         work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
         down = sum(t.numel() * t.element_size() for t in payload.values())
-        up = self.algorithm.upload_size(payload) * self.value_bytes
+        up = self.pipeline.upload_bytes(self.algorithm.upload_size(payload) * self.value_bytes)
         return self.system.task_timing(clients, counters, work, down, up, draws)
 
     def evaluation_step(self, step: int) -> bool:
