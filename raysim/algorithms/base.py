@@ -309,8 +309,8 @@ class Algorithm:
     leaves the client (``model.personal``); ``timing_reads_payload``: a task's virtual duration
     depends on the payload's values (:meth:`work` or :meth:`upload_size` reads them) or its sizes
     change from one model version to the next, so it cannot be known before the task's version
-    exists (a subclass that overrides :meth:`work`, :meth:`upload_size` or :meth:`payload` and does
-    not say is taken to); ``sample_weighted``: a synchronous round weights updates by the
+    exists; a class says so itself (false by default: asynchronous runs then time the next
+    dispatches ahead and handle windows of completions at once); ``sample_weighted``: a synchronous round weights updates by the
     clients' training samples (false: a plain mean); ``server_diagnostics``: the names of the
     numbers :meth:`server_direction` reports (its third value), each logged in a rounds.parquet
     column of that name (see :meth:`diagnostics_of`); ``client_diagnostics``: the names of the
@@ -324,15 +324,6 @@ class Algorithm:
     sample_weighted = True
     server_diagnostics: tuple = ()
     client_diagnostics: tuple = ()
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        for klass in cls.__mro__:  # the nearest class that says, or overrides what a task's timing reads
-            if klass is Algorithm or "timing_reads_payload" in vars(klass):
-                break
-            if {"work", "upload_size", "payload"} & set(vars(klass)):
-                cls.timing_reads_payload = True
-                break
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model
