@@ -37,7 +37,7 @@ def test_the_pipeline_holds_the_stages_the_scenario_asks_for(tmp_path):
     """Client momentum, then the attack, then the algorithm's step; a FedAsync window is taken at
     once exactly when no stage acts on the updates and the aggregator is the mean."""
     def pipeline(*overrides):
-        return _scheduler(small_scenario(tmp_path, *FEDASYNC, *overrides)).pipeline
+        return _scheduler(small_scenario(tmp_path, *FEDASYNC, *overrides)).server.pipeline
 
     plain = pipeline()
     assert plain.stages == () and plain.takes_steps_together
@@ -52,7 +52,7 @@ def test_the_pipeline_holds_the_stages_the_scenario_asks_for(tmp_path):
 
 def test_stages_are_pure_and_a_run_of_steps_is_the_steps_one_at_a_time(tmp_path):
     scheduler = _scheduler(small_scenario(tmp_path, *FEDASYNC, "algorithm.client_momentum=0.5"))
-    pipeline, server, states = scheduler.pipeline, scheduler.state, scheduler.stage_states
+    pipeline, server, states = scheduler.server.pipeline, scheduler.state, scheduler.server.stage_states
     size = scheduler.algorithm.update_size()
     rows = torch.randn(4, size, generator=torch.Generator().manual_seed(0))
     steps = [(_updates([c], rows[i:i + 1]), np.array([1.0])) for i, c in enumerate([3, 5, 3, 7])]
@@ -70,7 +70,7 @@ def test_stages_are_pure_and_a_run_of_steps_is_the_steps_one_at_a_time(tmp_path)
 def test_the_attack_window_is_the_last_honest_updates(tmp_path):
     scheduler = _scheduler(small_scenario(tmp_path, *FEDASYNC, "system.byzantine.fraction=0.2",
                                           "system.byzantine.attack=ipm", "system.byzantine.window=2"))
-    stage = scheduler.pipeline.stages[0]
+    stage = scheduler.server.pipeline.stages[0]
     byzantine = np.flatnonzero(stage.byzantine)
     honest = np.flatnonzero(~stage.byzantine)
     state, size = stage.init(), scheduler.algorithm.update_size()
