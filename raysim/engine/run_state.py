@@ -34,8 +34,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from raysim.algorithms import ClientUpdates
-from raysim.algorithms.base import ServerState
+from raysim.algorithms import ClientUpdates, ServerState
 
 
 @dataclass
