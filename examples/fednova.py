@@ -26,6 +26,7 @@ class FedNovaKeys(FedAvgKeys):
 class FedNova(Algorithm):
     Keys = FedNovaKeys
     server_diagnostics = ("tau_eff",)  # logged in rounds.parquet's tau_eff column at every server step
+    timing_reads_payload = False  # upload_size is the same whatever the payload holds
 
     def client_update(self, payloads, ctx):
         start = ctx.start(payloads)

@@ -282,32 +282,30 @@ def test_submit_ships_local_code_only(tmp_path, parts):
     assert local_modules(small_scenario(tmp_path, "model.kind=logreg", "algorithm.name=fedprox")) == []
 
 
-def test_a_custom_algorithm_that_may_time_tasks_by_its_payload_is_timed_one_at_a_time():
-    """The asynchronous driver times planned dispatches before their model versions exist; an
-    algorithm that overrides what a task's timing reads (work, upload_size, payload), itself or
-    through a mixin, and does not say otherwise, is timed with each version's own payload."""
-    from raysim.algorithms.fedavg import FedAvg
+def test_an_algorithm_says_whether_its_timing_reads_the_payload(tmp_path, monkeypatch):
+    """The asynchronous driver times planned dispatches before their model versions exist, and then
+    handles windows of completions at once, unless the algorithm says its timing reads the payload
+    (timing_reads_payload, never inferred): FedNova, whose upload_size does not, takes windows; the
+    same class saying it does is timed with each version's own payload, one completion at a time,
+    with the same results."""
+    from raysim.engine.asynchronous import AsyncDriver
 
-    class Steps:
-        def work(self, sizes, client_steps, payload):
-            return sizes * float(payload["params"][0])
+    monkeypatch.syspath_prepend(str(REPO))
+    from examples.fednova import FedNova
 
-    class Mixed(Steps, FedAvg):
-        pass
-
-    class Uploads(FedAvg):
-        def upload_size(self, payload):
-            return int(payload["params"].abs().sum())
-
-    class Says(Uploads):
-        timing_reads_payload = False
-
-    class Inherits(Says):
-        pass
-
-    assert not FedAvg.timing_reads_payload
-    assert Mixed.timing_reads_payload and Uploads.timing_reads_payload
-    assert not Says.timing_reads_payload and not Inherits.timing_reads_payload
+    assert "timing_reads_payload" in vars(FedNova) and not FedNova.timing_reads_payload
+    windows, handle = [], AsyncDriver._handle_window
+    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, window: windows.append(len(window))
+                        or handle(self, window))
+    hashes = []
+    for reads in (False, True):
+        monkeypatch.setattr(FedNova, "timing_reads_payload", reads)
+        windows.clear()
+        hashes.append(raysim.run(small_scenario(tmp_path / str(reads), *ASYNC_STALENESS, "execution.concurrency=10",
+                                                "algorithm.name=examples.fednova:FedNova",
+                                                "eval.every=0")).summary["model_sha256"])
+        assert bool(windows) != reads
+    assert hashes[0] == hashes[1]
 
 
 def test_an_algorithm_logs_the_diagnostics_it_declares(tmp_path, parts):

@@ -16,7 +16,7 @@ from conftest import small_scenario
 
 from raysim.engine.run import Tally
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.scheduler import MAX_HANDLES
+from raysim.engine.payloads import MAX_HANDLES
 from raysim.engine.simulation import prepare, run_scenario
 from raysim.system import SystemModel
 from raysim.errors import DivergenceError
@@ -135,8 +135,8 @@ def test_broadcast_model_versions_kept_are_bounded_by_those_in_use(tmp_path):
     most = 0
     while not scheduler.done:
         scheduler.advance(0.0)
-        assert scheduler.driver.versions_in_use() <= scheduler._handles.keys()
-        most = max(most, len(scheduler._handles))
+        assert scheduler.driver.versions_in_use() <= scheduler.payloads.versions()
+        most = max(most, len(scheduler.payloads.versions()))
     assert MAX_HANDLES < most <= 2 * 99
 
 

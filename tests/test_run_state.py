@@ -13,7 +13,7 @@ import torch
 from conftest import small_scenario
 from omegaconf import OmegaConf
 
-from raysim.algorithms.base import ServerState
+from raysim.algorithms import ServerState
 from raysim.data import build_dataset
 from raysim.engine.checkpoint import Checkpoint
 from raysim.engine.run_state import RunState

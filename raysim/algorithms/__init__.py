@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"Algorithm": "base", "AlgorithmEnv": "base", "ClientContext": "base", "ClientUpdates": "base",
-            "ClientTests": "base", "RowData": "base", "ServerState": "base", "make_algorithm": "build"}
+_EXPORTS = {"Algorithm": "base", "AlgorithmEnv": "base", "ClientContext": "context", "ClientUpdates": "updates",
+            "ClientTests": "updates", "RowData": "updates", "ServerState": "updates", "make_algorithm": "build"}
 
 __all__ = sorted(_EXPORTS)
 

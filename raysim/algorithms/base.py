@@ -1,4 +1,5 @@
-"""The algorithm interface: explicit server state plus pure functions, built from shared parts.
+"""The algorithm interface: explicit server state plus pure functions, built from shared parts
+(the exchanged and kept data: :mod:`.updates`; what a task sees on its host: :mod:`.context`).
 
 In the style of FedJAX's ``FederatedAlgorithm`` and optax's transforms, an algorithm is
 
@@ -32,101 +33,21 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from raysim import aggregators
-from raysim.algorithms import server_optimizers, transforms
+from raysim.algorithms import server_optimizers
 from raysim.algorithms.aggregation import ServerAggregator
+from raysim.algorithms.context import ClientContext
 from raysim.algorithms.keys import FedAvgKeys
-from raysim.algorithms.local import LocalResult, local_train
-from raysim.algorithms.oracles import (Participation, QuadraticOracle, RowOracle, StepPlan, counted_plan,
-                                       minibatch_plan)
+from raysim.algorithms.local import local_train
+from raysim.algorithms.updates import ClientTests, ClientUpdates, ServerState
 from raysim.errors import RunError
 
-
-@dataclass
-class ServerState:
-    """Everything the server keeps: the model, the server optimizer's state, the algorithm's own
-    state (SCAFFOLD's control variate, FedDyn's h, round counters), the diagnostics of the
-    last step (logged in rounds.parquet) and the aggregation rule's state (its step count, centered
-    clipping's previous aggregate). Tensors and numbers only: it saves and loads whole."""
-
-    params: torch.Tensor
-    opt: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
-    diagnostics: dict = field(default_factory=dict)
-    aggregation: dict = field(default_factory=dict)
-
-
-@dataclass
-class ClientUpdates:
-    """Per-client results of one or more tasks, one row per client. ``vector`` is what the
-    aggregator reduces; ``extras`` are the other vectors sent to the server; ``states`` are
-    the clients' new kept states (they never leave the client); ``diagnostics`` are
-    measurements for the logs that are not part of the protocol (not sent, not counted)."""
-
-    client_ids: np.ndarray  # [C] int64
-    samples: np.ndarray  # [C] training samples the client holds
-    train_loss: np.ndarray  # [C] mean loss of its local steps
-    vector: torch.Tensor  # [C, U] float, on CPU
-    extras: dict = field(default_factory=dict)  # name -> [C, ...]
-    states: dict = field(default_factory=dict)  # name -> [C, ...]
-    diagnostics: dict = field(default_factory=dict)  # name -> [C, ...]: read by the simulator, never sent
-    compute_seconds: np.ndarray | None = None  # [C] wall seconds attributed to each client
-    actor: np.ndarray | None = None  # [C] index of the actor that ran it
-
-    def first_nonfinite(self):
-        """Index of the first client (in row order) with a non-finite loss or update, or None."""
-        hits = np.flatnonzero(self.nonfinite())
-        return int(hits[0]) if len(hits) else None
-
-    def nonfinite(self) -> np.ndarray:
-        """[C] bool: whether each client's loss or update has a non-finite value."""
-        bad = ~np.isfinite(self.train_loss)
-        tensors = (self.vector, *self.extras.values())
-        # a sum is finite only if every term is (a finite sum that overflows is checked row by row)
-        if bad.any() or not all(math.isfinite(t.sum()) for t in tensors):
-            for tensor in tensors:
-                bad |= ~tensor.reshape(len(bad), -1).isfinite().all(1).numpy()
-        return bad
-
-    def __getstate__(self) -> dict:
-        """Pickled with its tensors as numpy arrays: about 20 times cheaper both ways for the
-        few large tensors a task returns (the tensors are on the CPU, see :meth:`ClientContext.updates`)."""
-        return {k: _to_numpy(v) for k, v in self.__dict__.items()}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({k: _to_tensor(v) if k in _TENSOR_FIELDS else v for k, v in state.items()})
-
-    def row(self, i: int) -> "ClientUpdates":
-        """Row ``i`` alone: views of each field's rows i:i+1."""
-        at = slice(i, i + 1)
-        return ClientUpdates(self.client_ids[at], self.samples[at], self.train_loss[at], self.vector[at],
-                             {k: t[at] for k, t in self.extras.items()}, {k: t[at] for k, t in self.states.items()},
-                             {k: t[at] for k, t in self.diagnostics.items()}, self.compute_seconds[at], self.actor[at])
-
-    @staticmethod
-    def concat(parts: list) -> "ClientUpdates":
-        """Join several tasks' results, sorted by client id (the aggregation order); one client's
-        result is returned as it is."""
-        if len(parts) == 1 and len(parts[0].client_ids) == 1:
-            return parts[0]
-        ids = np.concatenate([p.client_ids for p in parts])
-        order = np.argsort(ids, kind="stable")
-        rows = torch.from_numpy(order)
-        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])[order]
-        joined = lambda tensors: torch.cat(tensors).index_select(0, rows)  # a copy either way: one, in id order
-        tensors = lambda name: {k: joined([getattr(p, name)[k] for p in parts]) for k in getattr(parts[0], name)}
-        return ClientUpdates(ids[order], cat("samples"), cat("train_loss"), joined([p.vector for p in parts]),
-                             tensors("extras"), tensors("states"), tensors("diagnostics"), cat("compute_seconds"),
-                             cat("actor"))
-
-
-_TENSOR_FIELDS = ("vector", "extras", "states", "diagnostics")
 AGGREGATED_AT_ONCE = 1 << 22  # numbers a window of FedAsync steps aggregates at once (32 MiB in float64)
 
 
@@ -134,42 +55,6 @@ def _descend(theta: np.ndarray, step: np.ndarray) -> np.ndarray:
     """θ − step, computed in float64 (a float32 θ or step is promoted exactly) and rounded once to
     θ's dtype; numpy, since torch's mixed-precision subtraction costs several times more on small models."""
     return np.subtract(theta, step, dtype=np.float64).astype(theta.dtype, copy=False)
-
-
-def _to_numpy(value):
-    """A tensor (or a dict of tensors) as numpy arrays; anything else as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    if isinstance(value, dict):
-        return {k: _to_numpy(v) for k, v in value.items()}
-    return value
-
-
-def _to_tensor(value):
-    """:func:`_to_numpy` undone, on a writable copy (an unpickled array may be a read-only view of Ray's store)."""
-    if isinstance(value, dict):
-        return {k: _to_tensor(v) for k, v in value.items()}
-    return torch.from_numpy(np.array(value))
-
-
-@dataclass
-class ClientTests:
-    """Per-client test results: of the global model, or of each client's model after local fine-tuning."""
-
-    client_ids: np.ndarray
-    test_loss_sum: np.ndarray
-    test_correct: np.ndarray
-    test_rows: np.ndarray
-
-
-@dataclass
-class RowData:
-    """The rows of a task's clients on a host: features and labels, and for each client of the
-    task (in the task's order) its (train start, test start, test end) row numbers."""
-
-    features: torch.Tensor
-    labels: torch.Tensor
-    offsets: np.ndarray
 
 
 @dataclass
@@ -190,115 +75,6 @@ class AlgorithmEnv:
     def quadratic(self) -> bool:
         return self.problem is not None
 
-
-@dataclass
-class ClientContext:
-    """What a task of C clients sees on the host that runs it, and the builders of its local
-    training: :meth:`plan`, :meth:`oracle`, :meth:`transform`."""
-
-    client_ids: np.ndarray  # [C]
-    rngs: list  # one numpy Generator per client, from (seed, purpose, client, task counter)
-    model: object  # FlatModel
-    data: object  # RowData, or the QuadraticProblem
-    device: torch.device
-    participation: Participation | None = None  # δ_k of unreliable clients and their coin (None: always compute)
-    local_steps: np.ndarray | None = None  # [C] heterogeneous E_k (> 0 overrides the algorithm's)
-    noise: tuple | None = None  # (kind, scale): perturbation of local gradients
-    normalize_steps: bool = False  # each client's step size is lr / (its number of local steps)
-    states: list | None = None  # [C] each client's kept state (a dict of tensors, or None on a first visit)
-    label_flip: tuple | None = None  # (flipped [C] bool tensor, classes): Byzantine clients that train on flipped labels
-
-    @property
-    def quadratic(self) -> bool:
-        return not isinstance(self.data, RowData)
-
-    @property
-    def train_sizes(self) -> np.ndarray:
-        if self.quadratic:
-            return np.full(len(self.client_ids), self.data.n, dtype=np.int64)
-        offsets = self.data.offsets
-        return offsets[:, 1] - offsets[:, 0]
-
-    def plan(self, steps: int | None, batch_size: int = 1, epochs: int = 1, full_batch: bool = False,
-             coins: bool = True, rows: str = "train") -> StepPlan:
-        """The task's local steps: minibatches of ``batch_size`` from the clients' ``rows`` (train
-        or test; ``steps`` of them, or ``epochs`` passes when ``steps`` is None), or ``steps``
-        full-batch steps (always, on quadratic data). The unreliable-agent model's E_k applies,
-        and its δ_k coins unless ``coins`` is false (a second batch stream of the same steps)."""
-        participation = self.participation if coins else None
-        if self.quadratic or full_batch:
-            return counted_plan(self.rngs, steps, self.local_steps, participation)
-        offsets = self.data.offsets
-        first, last = (0, 1) if rows == "train" else (1, 2)
-        return minibatch_plan(offsets[:, first], offsets[:, last] - offsets[:, first], self.rngs, batch_size, epochs,
-                              steps, self.local_steps, participation)
-
-    def plan_from(self, cfg, full_batch: bool = False) -> StepPlan:
-        """:meth:`plan` with an algorithm's keys (``local_steps``, ``batch_size``, ``local_epochs``)."""
-        return self.plan(cfg.local_steps, getattr(cfg, "batch_size", 1), getattr(cfg, "local_epochs", 1), full_batch)
-
-    @functools.cached_property
-    def _problem(self):
-        """The quadratic problem of these clients alone, taken once for the task's oracles."""
-        return self.data.subset(self.client_ids)
-
-    def oracle(self, plan: StepPlan | None = None):
-        """The gradient oracle of these clients' data under ``plan`` (None: full gradients only)."""
-        if self.quadratic:
-            return QuadraticOracle(self._problem, plan)
-        return RowOracle(self.model, self.data.features, self.data.labels, self.data.offsets,
-                         plan, self.device, self.label_flip)
-
-    def transform(self, plan: StepPlan, lr, *terms: transforms.ClientTransform, weight_decay: float = 0.0,
-                  max_grad_norm: float | None = None, only: torch.Tensor | None = None) -> transforms.ClientTransform:
-        """The chain of a local step: the algorithm's ``terms`` (proximal, correction), gradient
-        clipping, weight decay, the unreliable-agent model's noise and participation scaling, a mask of the
-        entries that move (``only``), and the step size ``lr`` (divided by each client's number of
-        local steps E_k with ``normalize_steps``)."""
-        parts = list(terms)
-        if max_grad_norm is not None:
-            parts.append(transforms.clip_by_norm(max_grad_norm))
-        if weight_decay:
-            parts.append(transforms.add_weight_decay(weight_decay))
-        if self.noise is not None:
-            parts.append(transforms.add_noise(*self.noise, self.rngs))
-        if plan.participation is not None:
-            parts.append(transforms.scale_by_participation(plan.participation.to(self.device)))
-        if only is not None:
-            parts.append(transforms.mask(only.to(self.device)))
-        parts.append(transforms.scale(self.step_size(plan, lr)))
-        return transforms.chain(*parts)
-
-    def step_size(self, plan: StepPlan, lr):
-        """Each client's local step size: ``lr``, or with ``normalize_steps`` a float64 [C] tensor of
-        ``lr`` divided by the client's number of local steps E_k."""
-        if not self.normalize_steps:
-            return lr
-        steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=self.device).clamp_min(1)
-        return torch.as_tensor(lr, dtype=torch.float64, device=self.device) / steps
-
-    def start(self, payloads: list, key: str = "params") -> torch.Tensor:
-        """[C, P] rows of the payloads' ``key`` on this host's device (shared when all are one)."""
-        first = payloads[0][key]
-        if all(p[key] is first for p in payloads):
-            return first.to(self.device).expand(len(payloads), -1)
-        return torch.stack([p[key] for p in payloads]).to(self.device)
-
-    def kept(self, name: str, default: torch.Tensor) -> torch.Tensor:
-        """[C, ...]: each client's kept state ``name``, or its row of ``default`` on a first visit."""
-        states = self.states or [None] * len(self.client_ids)
-        rows = [d if s is None or name not in s else s[name].to(d) for s, d in zip(states, default)]
-        return torch.stack(rows)
-
-    def updates(self, result: LocalResult | torch.Tensor, vector: torch.Tensor, extras: dict | None = None,
-                states: dict | None = None, diagnostics: dict | None = None) -> ClientUpdates:
-        """ClientUpdates of these clients (``result``: their local training, or their losses [C])."""
-        loss = result.loss if isinstance(result, LocalResult) else result.double().cpu().numpy()
-        cpu = lambda d: {k: v.detach().cpu() for k, v in (d or {}).items()}
-        return ClientUpdates(self.client_ids, self.train_sizes, np.asarray(loss, dtype=np.float64),
-                             vector.detach().cpu(), cpu(extras), cpu(states), cpu(diagnostics))
-
-
 class Algorithm:
     """Base class of every algorithm; subclasses write :meth:`client_update` and, where the server
     does more than apply the aggregated update, :meth:`server_direction`.
@@ -309,8 +85,8 @@ class Algorithm:
     leaves the client (``model.personal``); ``timing_reads_payload``: a task's virtual duration
     depends on the payload's values (:meth:`work` or :meth:`upload_size` reads them) or its sizes
     change from one model version to the next, so it cannot be known before the task's version
-    exists (a subclass that overrides :meth:`work`, :meth:`upload_size` or :meth:`payload` and does
-    not say is taken to); ``sample_weighted``: a synchronous round weights updates by the
+    exists; a class says so itself (false by default: asynchronous runs then time the next
+    dispatches ahead and handle windows of completions at once); ``sample_weighted``: a synchronous round weights updates by the
     clients' training samples (false: a plain mean); ``server_diagnostics``: the names of the
     numbers :meth:`server_direction` reports (its third value), each logged in a rounds.parquet
     column of that name (see :meth:`diagnostics_of`); ``client_diagnostics``: the names of the
@@ -324,15 +100,6 @@ class Algorithm:
     sample_weighted = True
     server_diagnostics: tuple = ()
     client_diagnostics: tuple = ()
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        for klass in cls.__mro__:  # the nearest class that says, or overrides what a task's timing reads
-            if klass is Algorithm or "timing_reads_payload" in vars(klass):
-                break
-            if {"work", "upload_size", "payload"} & set(vars(klass)):
-                cls.timing_reads_payload = True
-                break
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model

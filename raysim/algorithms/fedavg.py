@@ -3,7 +3,9 @@ FedAvgM, FedAdam, FedYogi, FedAdagrad (a server optimizer, ``algorithm.server_op
 
 from __future__ import annotations
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates
+from raysim.algorithms.base import Algorithm
+from raysim.algorithms.context import ClientContext
+from raysim.algorithms.updates import ClientUpdates
 from raysim.algorithms.keys import FedAdagradKeys, FedAdamKeys, FedAvgKeys, FedAvgMKeys, FedProxKeys, FedYogiKeys
 from raysim.algorithms.local import local_train
 from raysim.algorithms.transforms import add_proximal

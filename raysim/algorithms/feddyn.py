@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from raysim.aggregators import weighted_mean
-from raysim.algorithms.base import ClientContext, ClientUpdates
+from raysim.algorithms.context import ClientContext
+from raysim.algorithms.updates import ClientUpdates
 from raysim.algorithms.fedavg import FedAvg
 from raysim.algorithms.keys import FedDynKeys
 from raysim.algorithms.local import local_train

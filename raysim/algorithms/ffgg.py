@@ -15,7 +15,9 @@ import torch
 
 from raysim.algorithms import server_optimizers
 from raysim.aggregators import weighted_mean
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, ServerState
+from raysim.algorithms.base import Algorithm
+from raysim.algorithms.context import ClientContext
+from raysim.algorithms.updates import ClientUpdates, ServerState
 from raysim.algorithms.keys import FFGGKeys, LocalFFGGKeys
 from raysim.algorithms.local import local_train
 from raysim.models.split import init_personal

@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 from raysim.aggregators import weighted_mean
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates, ServerState
+from raysim.algorithms.base import Algorithm
+from raysim.algorithms.context import ClientContext
+from raysim.algorithms.updates import ClientUpdates, ServerState
 from raysim.algorithms.keys import L2GDKeys
 from raysim.algorithms.local import local_train
 from raysim.streams import Purpose, stream

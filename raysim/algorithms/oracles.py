@@ -12,7 +12,7 @@ An oracle answers, for the ``[C, P]`` parameters of a task's clients:
 * ``full_gradient(params)``: the gradient over each client's whole training set.
 
 Algorithms never branch on the kind of data: they ask the task's context for a plan and an
-oracle (:meth:`raysim.algorithms.base.ClientContext.oracle`).
+oracle (:meth:`raysim.algorithms.context.ClientContext.oracle`).
 """
 
 from __future__ import annotations

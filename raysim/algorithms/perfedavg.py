@@ -19,7 +19,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates
+from raysim.algorithms.base import Algorithm
+from raysim.algorithms.context import ClientContext
+from raysim.algorithms.updates import ClientUpdates
 from raysim.algorithms.keys import PerFedAvgKeys, perfedavg_batches
 from raysim.algorithms.local import local_train
 

@@ -7,7 +7,9 @@ import numpy as np
 import torch
 
 from raysim.aggregators import weighted_mean
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdates
+from raysim.algorithms.base import Algorithm
+from raysim.algorithms.context import ClientContext
+from raysim.algorithms.updates import ClientUpdates
 from raysim.algorithms.keys import ScaffoldKeys
 from raysim.algorithms.local import local_train
 from raysim.algorithms.local_gd import local_step_size

@@ -35,6 +35,7 @@ import torch
 
 from raysim.algorithms import ClientUpdates
 from raysim.engine.clock import Event, EventQueue
+from raysim.engine.events import TASK_COLUMNS
 from raysim.engine.host import Task
 from raysim.engine.run_state import pack_updates, unpack_updates
 from raysim.errors import DivergenceError
@@ -50,9 +51,6 @@ def staleness_weight(cfg, staleness: int) -> float:
 
 
 LOOKAHEAD = 64  # at most this many dispatches drawn ahead at once
-EVENT_COLUMNS = {"round": np.int64, "client_id": np.int64, "actor": np.int64, "samples": np.int64,
-                 "train_loss": np.float64, "compute_seconds": np.float64, "virtual_start": np.float64,
-                 "virtual_end": np.float64, "model_version": np.int64, "staleness": np.int64, "status": str}
 
 
 @dataclass(slots=True)
@@ -117,13 +115,13 @@ class AsyncDriver:
         self.started = False
         self.ahead: deque = deque()  # Planned dispatches, in the order of the completions they follow
         self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
-        self.rows: list = []  # event rows not yet handed to the scheduler (EVENT_COLUMNS, in order)
+        self.rows: list = []  # event rows not yet handed to the scheduler (TASK_COLUMNS, in order)
         self.numbers: list = []  # per row: {name: number} of the algorithm's client_diagnostics (if it has any)
         # FedAsync whose server step is the algorithm's update alone: a window's steps are taken together
         # (not with personalized evaluation: its tasks run on the actors, and a lost one would end the run
         # with updates logged as applied whose steps were not taken)
         ev = scheduler.cfg.eval
-        self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.plain_steps
+        self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.server.pipeline.takes_steps_together
                                and not scheduler.algorithm.stateful
                                and not (ev.personalized_steps or ev.personalized_epochs))
         self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, clock)
@@ -160,7 +158,7 @@ class AsyncDriver:
         """Continue from :meth:`snapshot`: rebuild the event queue, broadcast the payloads again
         and re-send the calls whose results are still needed (they compute the same results)."""
         s, payloads = self.s, state["payloads"]
-        s.publish(payloads)
+        s.payloads.publish(payloads)
         self.started, self.next_call = state["started"], state["next_call"]
         self.buffer = [(unpack_updates(packed), weight) for packed, weight in state["buffer"]]
         self.busy = state["busy"].numpy().copy()
@@ -197,22 +195,22 @@ class AsyncDriver:
         s = self.s
         event = self.queue.pop()
         self._complete(event)
-        if not s.done and self._should_stop():
+        if not s.progress.done and self._should_stop():
             self._stop()
-        if not s.done:
+        if not s.progress.done:
             self._dispatch(event)
 
     def _complete(self, event: Event) -> None:
         """Free the event's client, move the clock to it and log, drop or apply its update."""
         s = self.s
         self.busy[event.client_id] = False
-        s.clock = event.time
+        s.progress.move_to(event.time)
         info: InFlight = event.data
         if info.failed:
             self._log(event, None, "failed", 0)
             return
         update, nonfinite = self._result(event)
-        staleness = s.version - info.version
+        staleness = s.progress.version - info.version
         if self.ex.max_staleness is not None and staleness > self.ex.max_staleness:
             self._log(event, update, "stale", staleness)
         else:
@@ -231,12 +229,12 @@ class AsyncDriver:
             return []
         limit = LOOKAHEAD
         if ex.max_updates is not None:
-            limit = min(limit, ex.max_updates - s.applied - 1)
+            limit = min(limit, ex.max_updates - s.progress.applied - 1)
         if s.stop_version is not None:
-            limit = min(limit, s.stop_version - s.version)  # a completion takes at most one server step
+            limit = min(limit, s.stop_version - s.progress.version)  # a completion takes at most one server step
         every = s.cfg.eval.every
         if ex.target_accuracy is not None and every > 0:
-            limit = min(limit, every - s.version % every - 1)
+            limit = min(limit, every - s.progress.version % every - 1)
         if limit < 2:
             return []
         events = self.queue.first(limit)
@@ -259,48 +257,50 @@ class AsyncDriver:
         server steps wait until the window's updates are in and are then taken in a row
         (:meth:`_take_deferred`); the staleness and event rows count them as taken already."""
         s = self.s
-        payloads, starts = {s.version: s.payload()}, []
+        payloads, starts = {s.progress.version: s.payload()}, []
         if self.steps_together:
-            self.deferred, self.deferred_from = [], s.version
+            self.deferred, self.deferred_from = [], s.progress.version
         try:
             for event, _ in window:
                 self.queue.pop()  # the window holds the first completions, in order
                 self._complete(event)
-                starts.append((event.time, s.version))
+                starts.append((event.time, s.progress.version))
                 if not self.steps_together:
-                    payloads[s.version] = s.payload()
+                    payloads[s.progress.version] = s.payload()
         finally:  # also when a call failed: the steps before it are taken and logged first
             if self.deferred is not None:
                 payloads.update(self._take_deferred())
         for (_, planned), (start, version) in zip(window, starts):
             self.ahead.popleft()
             self.used += 1
-            s.counter += 1
+            s.progress.draw()
             self.busy[planned.client] = True
-            s.version_handle(version, payloads[version])
-            self._push(Event(start + planned.known_at, planned.client, s.counter,
+            s.payloads.handle(version, payloads[version])
+            self._push(Event(start + planned.known_at, planned.client, s.progress.counter,
                              InFlight(version, payloads[version], start, planned.failed)))
             if len(self.unsent) >= s.task_size:
                 self._send()
 
     def _take_deferred(self) -> dict:
         """Take the window's deferred server steps from model version ``deferred_from`` (their
-        aggregates at once, :meth:`Algorithm.server_updates`), each with its evaluation and
+        aggregates at once, :meth:`ServerPipeline.steps`), each with its evaluation and
         rounds row as :meth:`_server_step` would; returns the payloads of the new versions. As
         there, a row's wall time runs from the previous row, so the window's first row holds the
         window's work before its steps."""
         s, steps, self.deferred = self.s, self.deferred, None
         if not steps:
             return {}
-        clock, s.version = s.clock, self.deferred_from
-        states = s.algorithm.server_updates(s.state, [(updates, weights) for updates, weights, _ in steps])
+        p = s.progress
+        clock = p.clock
+        states = s.server.steps([(updates, weights) for updates, weights, _ in steps], self.deferred_from)
         payloads = {}
-        for (updates, _, at), state in zip(steps, states):
-            s.state, s.clock = state, at
-            s.version += 1
-            self._log_step(updates, s.evaluate_if_due(s.version))
-            payloads[s.version] = s.payload()
-        s.clock = clock
+        for i, ((updates, _, at), state) in enumerate(zip(steps, states)):
+            s.server.adopt(state)
+            p.rewind(self.deferred_from + i, at)
+            p.step()
+            self._log_step(updates, s.evaluate_if_due(p.version))
+            payloads[p.version] = s.payload()
+        p.rewind(p.version, clock)
         return payloads
 
     # ------------------------------------------------------------------ server side
@@ -310,15 +310,15 @@ class AsyncDriver:
         if s.judges_each_update and nonfinite:
             if self.deferred is not None:  # the window's steps before this update come first, as taken then
                 self._take_deferred()
-            s.done = True
+            s.progress.end()
             self._log(event, update, "diverged", staleness)
             raise DivergenceError(
-                f"update {s.applied + 1} (virtual time {s.clock:g}): client {event.client_id} diverged "
+                f"update {s.progress.applied + 1} (virtual time {s.progress.clock:g}): client {event.client_id} diverged "
                 f"(train_loss={update.train_loss[0]}, non-finite update); "
                 f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
         s.keep_states(update)
         self.buffer.append((update, staleness_weight(self.ex.staleness, staleness)))
-        s.applied += 1
+        s.progress.apply()
         self._log(event, update, "applied", staleness)
         size = 1 if self.ex.aggregation == "fedasync" else self.ex.buffer_size
         if len(self.buffer) >= size:
@@ -331,20 +331,21 @@ class AsyncDriver:
         if len(self.buffer) > 1:  # in the client-id order concat put the updates in
             weights = weights[np.argsort(np.concatenate([u.client_ids for u, _ in self.buffer]), kind="stable")]
         if self.deferred is not None:  # a window's step: taken with the window's others (_take_deferred)
-            self.deferred.append((updates, weights, s.clock))
-            s.version += 1
+            self.deferred.append((updates, weights, s.progress.clock))
+            s.progress.step()
             self.buffer = []
             return
         try:
-            s.server_step(updates, weights)
+            s.server.step(updates, weights, s.progress.version)
         except DivergenceError:
-            s.done = True
+            s.progress.end()
             raise
-        s.version += 1
+        s.progress.step()
         self.buffer = []
         done = self._should_stop()
-        eval_row = s.evaluate_if_due(s.version, final=done)
-        s.done = done or self._should_stop()  # the evaluation may have reached target_accuracy
+        eval_row = s.evaluate_if_due(s.progress.version, final=done)
+        if done or self._should_stop():  # the evaluation may have reached target_accuracy
+            s.progress.end()
         self._log_step(updates, eval_row)
 
     def _log_step(self, updates: ClientUpdates, eval_row: dict) -> None:
@@ -355,8 +356,8 @@ class AsyncDriver:
 
     def _should_stop(self) -> bool:
         s, ex = self.s, self.ex
-        return ((ex.max_updates is not None and s.applied >= ex.max_updates)
-                or (ex.max_virtual_time is not None and s.clock >= ex.max_virtual_time)
+        return ((ex.max_updates is not None and s.progress.applied >= ex.max_updates)
+                or (ex.max_virtual_time is not None and s.progress.clock >= ex.max_virtual_time)
                 or (ex.target_accuracy is not None and s.last_eval["test_accuracy"] >= ex.target_accuracy))
 
     def _stop(self) -> None:
@@ -365,9 +366,9 @@ class AsyncDriver:
         if self.buffer:
             self._server_step()
         else:
-            eval_row = s.evaluate_if_due(s.version, final=True)
+            eval_row = s.evaluate_if_due(s.progress.version, final=True)
             s.log_round(None, 0, 0, math.nan, eval_row)
-        s.done = True
+        s.progress.end()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -384,9 +385,9 @@ class AsyncDriver:
             draws = None
         else:
             clients, draws = np.array([planned.client]), planned.draws[None]
-            s.counter += 1
+            s.progress.draw()
         self.busy[clients] = True
-        counter = s.counter
+        counter = s.progress.counter
         if planned is not None and planned.known_at is not None:
             known_at, failed = [planned.known_at], [planned.failed]
         else:
@@ -395,7 +396,7 @@ class AsyncDriver:
         s.payload_handle()
         payload = s.payload()
         for c, known, fails in zip(clients.tolist(), known_at, failed):
-            self._push(Event(s.clock + known, c, counter, InFlight(s.version, payload, s.clock, fails)))
+            self._push(Event(s.progress.clock + known, c, counter, InFlight(s.progress.version, payload, s.progress.clock, fails)))
         if len(self.unsent) >= self.s.task_size:
             self._send()
 
@@ -408,7 +409,7 @@ class AsyncDriver:
     def _plan_follows(self, after: Event) -> bool:
         """Whether the plan's next dispatch was made to follow ``after`` at the current sampling
         counter (the counter guards against any draw of a counter in between)."""
-        return bool(self.ahead) and self.ahead[0].after == _key(after) and self.ahead[0].counter == self.s.counter
+        return bool(self.ahead) and self.ahead[0].after == _key(after) and self.ahead[0].counter == self.s.progress.counter
 
     def _planned(self, after: Event) -> Planned | None:
         """The dispatch planned to follow ``after`` with the current sampling counter, planning
@@ -438,7 +439,7 @@ class AsyncDriver:
                 if busy[event.client_id]:
                     busy[event.client_id] = False
                     flipped.append(event.client_id)
-                counter = s.counter + len(clients)  # one sampling counter per dispatch
+                counter = s.progress.counter + len(clients)  # one sampling counter per dispatch
                 client = s.system.sample_available(event.time, counter, 1, busy, in_flight)
                 if not len(client):
                     break
@@ -482,7 +483,7 @@ class AsyncDriver:
     def _submit(self, number: int, task: Task, payloads: dict, remaining: int) -> None:
         """Send ``task`` as call ``number`` to the next actor."""
         s = self.s
-        pending = s.runtime.submit(self.next_actor, s.handles(set(task.versions)), [task])
+        pending = s.runtime.submit(self.next_actor, s.payloads.handles(set(task.versions)), [task])
         self.next_actor = (self.next_actor + 1) % s.runtime.num_actors
         self.calls[number] = Call(task, payloads, pending, remaining)
 
@@ -501,10 +502,10 @@ class AsyncDriver:
         return call.updates.row(info.index), bool(call.nonfinite[info.index])
 
     def _log(self, event: Event, update: ClientUpdates | None, status: str, staleness: int) -> None:
-        """One event row (EVENT_COLUMNS), kept until :meth:`_flush_rows`."""
+        """One event row (TASK_COLUMNS), kept until :meth:`_flush_rows`."""
         s, info = self.s, event.data
         computed = update is not None
-        self.rows.append((s.version + 1, event.client_id, update.actor[0] if computed else -1,
+        self.rows.append((s.progress.version + 1, event.client_id, update.actor[0] if computed else -1,
                           s.train_sizes[event.client_id], update.train_loss[0] if computed else math.nan,
                           update.compute_seconds[0] if computed else 0.0, info.start, event.time, info.version,
                           staleness, status))
@@ -514,11 +515,9 @@ class AsyncDriver:
     def _flush_rows(self) -> None:
         """Hand the event rows kept so far to the scheduler, as columns."""
         if self.rows:
-            columns = zip(*self.rows)
-            self.s.log_events({**{name: np.array(column, dtype=dtype)
-                                  for (name, dtype), column in zip(EVENT_COLUMNS.items(), columns)},
-                               **{name: np.array([row.get(name, math.nan) for row in self.numbers])
-                                  for name in self.s.algorithm.client_diagnostics}})
+            numbers = {name: [row.get(name, math.nan) for row in self.numbers]
+                       for name in self.s.algorithm.client_diagnostics}
+            self.s.log_events(numbers, **dict(zip(TASK_COLUMNS, zip(*self.rows))))
             self.rows, self.numbers = [], []
 
 

@@ -19,7 +19,7 @@ import torch
 from raysim.engine.run_state import RunState
 from raysim.errors import ScenarioError
 from raysim.metrics.output import CHECKPOINT
-FORMAT = 1
+FORMAT = 2  # 2: the server pipeline's stage states replace format 1's honest_seen and momentum
 
 
 @dataclass

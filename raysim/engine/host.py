@@ -18,6 +18,8 @@ from raysim.algorithms.oracles import Participation
 from raysim.data import FederatedDataset, QuadraticProblem, open_dataset
 from raysim.engine.evaluation import client_tests
 from raysim.models import build_model
+from raysim.pipeline import build as pipelines
+from raysim.pipeline.client import run_client_stages
 from raysim.streams import Purpose, streams
 from raysim.system import SystemModel
 from raysim.threads import torch_threads
@@ -64,6 +66,7 @@ class ClientHost:
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes,
                                  cfg.seed).to(self.device)
         self.algorithm = make_algorithm(cfg, self.model, self.problem, self.dataset.num_clients)
+        self.client_stages = pipelines.client_stages(cfg)  # what clients do to their updates before upload
         profile = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed).profile
         unreliable = cfg.system.unreliable
         self.participation = profile["participation"] if (profile["participation"] < 1).any() else None
@@ -129,7 +132,7 @@ class ClientHost:
             return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,
                                               ev.personalized_lr or self.algorithm.adaptation_lr(), ev.adapt_on)
         began = time.perf_counter()
-        out = self.algorithm.client_update(payloads, ctx)
+        out = run_client_stages(self.client_stages, self.algorithm.client_update(payloads, ctx), ctx)
         wall = time.perf_counter() - began
         out.compute_seconds = wall * ctx.train_sizes / ctx.train_sizes.sum()
         out.actor = np.full(len(ids), self.actor_index, dtype=np.int64)

@@ -9,8 +9,8 @@ final ``model_sha256``, on any backend and number of actors.
 What it holds: the server state (parameters, server optimizer, the algorithm's own state, last
 diagnostics), each client's kept state (stateful algorithms), the virtual clock, the server
 version, the dispatch counter, the applied updates, the latest evaluation, whether the run is done,
-the honest updates an omniscient Byzantine attack under FedAsync still sees, each client's momentum
-(``algorithm.client_momentum``), and the driver's own state (:meth:`SyncDriver.snapshot`,
+the states of the server pipeline's stages (:mod:`raysim.pipeline`: each client's momentum, the
+honest updates an omniscient Byzantine attack under FedAsync still sees), and the driver's own state (:meth:`SyncDriver.snapshot`,
 :meth:`AsyncDriver.snapshot`): nothing for synchronous rounds; for asynchronous runs the tasks in
 flight, the FedBuff buffer not yet applied, the busy clients and the payloads of the model versions
 those tasks start from. A task in flight is kept as what defines it, never as a pending call:
@@ -34,8 +34,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from raysim.algorithms import ClientUpdates
-from raysim.algorithms.base import ServerState
+from raysim.algorithms import ClientUpdates, ServerState
 
 
 @dataclass
@@ -51,8 +50,7 @@ class RunState:
     last_eval: dict  # the latest evaluation: test loss and accuracy, personalized accuracies
     done: bool  # the run has ended
     driver: dict  # the driver's own state: plain content, see SyncDriver/AsyncDriver.snapshot
-    honest_seen: list = field(default_factory=list)  # FedAsync, omniscient attack: the last honest updates
-    momentum: dict = field(default_factory=dict)  # client id -> its momentum (algorithm.client_momentum)
+    pipeline: dict = field(default_factory=dict)  # server stage name -> its state (raysim.pipeline)
 
     def content(self) -> dict:
         """The state as plain content (what :meth:`save` writes)."""

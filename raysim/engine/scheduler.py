@@ -20,18 +20,21 @@ from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
+from raysim.engine.events import event_columns
 from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator, pooled
+from raysim.engine.payloads import PayloadCache
+from raysim.engine.progress import Progress
 from raysim.engine.run_state import RunState
+from raysim.engine.server import Server
 from raysim.engine.sync import SyncDriver
-from raysim.errors import DivergenceError, NoClientAvailable, RunError
+from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
+from raysim.pipeline.build import server_pipeline
 from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
-from raysim.system.byzantine import Attack
 from raysim.threads import torch_threads
 
-MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are forgotten (or twice those in use)
 EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
                 "personalized_accuracy_ci95")
 
@@ -67,10 +70,6 @@ class Scheduler:
         self.model = build_model(cfg.model, self.dataset.feature_shape, self.dataset.num_classes, cfg.seed)
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
-        self.byzantine = self.system.profile["byzantine"]
-        self.attack = Attack(cfg.system.byzantine, cfg.seed)
-        self.honest_seen: list = []  # FedAsync under an omniscient attack: the last `window` honest updates
-        self.momentum: dict = {}  # client id -> its momentum of updates (algorithm.client_momentum)
         initial = self.model.initial_vector()
         self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
         self.task_size = clients_per_task(cfg)
@@ -81,28 +80,35 @@ class Scheduler:
         self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
             self.model, self.dataset, cfg.system.unreliable.weights == "uniform",
             getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
-        # a server step is the algorithm's update alone: no client momentum, no update an attack replaces or
-        # watches, and the mean (no check of the model after the step)
-        self.plain_steps = (not getattr(cfg.algorithm, "client_momentum", 0.0) and self.judges_each_update
-                            and not (self.byzantine.any() and self.attack.replaces_updates)
-                            and not self.attack.omniscient)
-        self.state = self.algorithm.init(initial)
+        self.server = Server(server_pipeline(cfg, self.algorithm, self.system.profile["byzantine"]),
+                             self.algorithm.init(initial))
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
-        self.version = 0  # server model version: increases with every server step
-        self.clock = 0.0  # virtual seconds
-        self.counter = 0  # dispatches so far: seeds each task's RNG together with the client id
+        self.progress = Progress()
         self.began = time.perf_counter()
         self.last_eval = dict.fromkeys(EVAL_COLUMNS, math.nan)
-        self.applied = 0
-        self.done = False
         self.stop_version = None  # the server version the current advance must not pass (None: any)
         self._rounds: list = []
         self._events: list = []
-        self._handles: dict = {}
-        self._handles_limit = MAX_HANDLES  # handles kept before the unused ones are forgotten
-        self._payload: tuple = (-1, None)  # (version, payload) of the latest payload built
         self.value_bytes = initial.element_size()
         self.driver = SyncDriver(self) if cfg.execution.mode == "sync" else AsyncDriver(self)
+        self.payloads = PayloadCache(self.algorithm, runtime, self.driver.versions_in_use)
+
+    @property
+    def state(self):
+        """The server state (parameters, optimizer state, the algorithm's state)."""
+        return self.server.state
+
+    @property
+    def done(self) -> bool:
+        return self.progress.done
+
+    @property
+    def version(self) -> int:
+        return self.progress.version
+
+    @property
+    def clock(self) -> float:
+        return self.progress.clock
 
     # ------------------------------------------------------------------ driver API
 
@@ -124,7 +130,8 @@ class Scheduler:
                     if time.perf_counter() >= until:
                         break
         except RunError as exc:  # reported with the rows made so far
-            self.done, error = True, exc
+            self.progress.end()
+            error = exc
         self._log_lost_tasks()
         events = None
         if self._events:
@@ -133,7 +140,7 @@ class Scheduler:
             events["node"] = nodes[events["actor"]].astype(str)
             events.update(self.system.profile_of(events["client_id"]))
         out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
-               "last_eval": dict(self.last_eval), "applied": self.applied, "version": self.version,
+               "last_eval": dict(self.last_eval), "applied": self.progress.applied, "version": self.version,
                "wall": time.perf_counter() - self.began}
         self._rounds, self._events = [], []
         return out
@@ -142,65 +149,45 @@ class Scheduler:
         """Final parameters, their SHA-256 and the run's virtual-time totals."""
         params = self.algorithm.global_params(self.state)
         return {"params": params.clone(), "model_sha256": sha256(params), "virtual_time": self.clock,
-                "server_steps": self.version, "client_updates": self.applied, "system": self.system.describe()}
+                "server_steps": self.version, "client_updates": self.progress.applied,
+                "system": self.system.describe()}
 
     def run_state(self) -> RunState:
         """Everything the run needs to continue, as one object (call it between :meth:`advance` calls)."""
-        return RunState(server=self.state, client_state=dict(self.client_state), clock=float(self.clock),
-                        version=self.version, counter=self.counter, applied=self.applied,
-                        last_eval=dict(self.last_eval), done=self.done, driver=self.driver.snapshot(),
-                        honest_seen=list(self.honest_seen), momentum=dict(self.momentum))
+        p = self.progress
+        return RunState(server=self.state, client_state=dict(self.client_state), clock=float(p.clock),
+                        version=p.version, counter=p.counter, applied=p.applied, last_eval=dict(self.last_eval),
+                        done=p.done, driver=self.driver.snapshot(), pipeline=dict(self.server.stage_states))
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
         (rows not yet returned by :meth:`advance` are dropped); the ``wall_time`` of later rows
         goes on from ``wall_seconds`` (the wall time the state was taken at)."""
         self.began = time.perf_counter() - wall_seconds
-        self.state, self.client_state = state.server, dict(state.client_state)
-        self.clock, self.version, self.counter, self.applied = state.clock, state.version, state.counter, state.applied
-        self.last_eval, self.done = dict(state.last_eval), state.done
-        self.honest_seen, self.momentum = list(state.honest_seen), dict(state.momentum)
+        self.server.restore(state.server, state.pipeline)
+        self.client_state = dict(state.client_state)
+        self.progress = Progress(state.version, state.clock, state.counter, state.applied, state.done)
+        self.last_eval = dict(state.last_eval)
         self._rounds, self._events = [], []
-        self._handles, self._payload = {}, (-1, None)
+        self.payloads.clear()
         self.driver.restore(state.driver)
 
     # ------------------------------------------------------------------ services for drivers
 
     def payload_handle(self) -> dict:
         """{version: handle} of the current model, broadcast once per version."""
-        return self.version_handle(self.version, self.payload())
-
-    def version_handle(self, version: int, payload: dict) -> dict:
-        """{version: handle} of model ``version``, whose payload is ``payload``, broadcast once."""
-        if version not in self._handles:
-            if len(self._handles) >= self._handles_limit:  # forget versions no unsent task refers to
-                in_use = self.driver.versions_in_use()
-                self._handles = {v: h for v, h in self._handles.items() if v in in_use}
-                self._handles_limit = max(MAX_HANDLES, 2 * len(self._handles))  # at most twice those in use
-            self._handles[version] = self.runtime.broadcast(payload)
-        return {version: self._handles[version]}
-
-    def publish(self, payloads: dict) -> None:
-        """Broadcast the payloads of earlier model versions ({version: payload}) that restored
-        tasks start from."""
-        self._handles.update({v: self.runtime.broadcast(p) for v, p in payloads.items()})
+        return self.payloads.handle(self.version, self.payload())
 
     def payload(self) -> dict:
         """What clients receive from the current server state (built once per version)."""
-        if self._payload[0] != self.version:
-            self._payload = (self.version, self.algorithm.payload(self.state))
-        return self._payload[1]
-
-    def handles(self, versions) -> dict:
-        """Handles of the given (still referenced) model versions."""
-        return {v: self._handles[v] for v in versions}
+        return self.payloads.payload(self.version, self.state)
 
     def sample(self, k: int, exclude=None, excluded_count: int | None = None) -> np.ndarray:
         """Up to ``k`` clients available now and not excluded (see :meth:`SystemModel.sample_available`);
         jumps the clock while nobody is available."""
         for _ in range(1000):
-            clients = self.system.sample_available(self.clock, self.counter, k, exclude, excluded_count)
-            self.counter += 1
+            clients = self.system.sample_available(self.clock, self.progress.counter, k, exclude, excluded_count)
+            self.progress.draw()
             if len(clients):
                 return clients
             wake = self.system.next_available_time(self.clock)
@@ -208,7 +195,7 @@ class Scheduler:
                 raise NoClientAvailable(
                     f"at virtual time {self.clock:g}: no client is available and none will ever be "
                     "(check system.availability)")
-            self.clock = max(self.clock, wake)
+            self.progress.wait_until(wake)
         raise NoClientAvailable(f"at virtual time {self.clock:g}: no client available after 1000 tries "
                                 "(check system.availability)")
 
@@ -227,50 +214,8 @@ class Scheduler:
 
     @property
     def judges_each_update(self) -> bool:
-        """Whether a non-finite update stops the run (the mean aggregator); a robust aggregator may
-        absorb it, and only a non-finite model stops the run."""
-        return not self.algorithm.aggregator.robust
-
-    def server_step(self, updates, weights: np.ndarray) -> None:
-        """Apply ``updates`` (a round or a FedBuff buffer, client-id order) with ``weights``: each
-        client sends its momentum (``algorithm.client_momentum``), the Byzantine clients' rows are
-        replaced by what they send, then the algorithm's server update. Raises DivergenceError on a
-        non-finite Byzantine update (mean aggregator) or model."""
-        beta = getattr(self.cfg.algorithm, "client_momentum", 0.0)
-        if beta:  # row by row: a FedBuff buffer may hold two updates of one client
-            sent = []
-            for i, c in enumerate(updates.client_ids.tolist()):
-                moved = (1 - beta) * updates.vector[i]
-                if c in self.momentum:
-                    moved += beta * self.momentum[c]
-                self.momentum[c] = moved
-                sent.append(moved)
-            updates.vector = torch.stack(sent)
-        byzantine = self.byzantine[updates.client_ids]
-        ex = self.cfg.execution
-        fedasync = ex.mode == "async" and ex.aggregation == "fedasync"
-        if byzantine.any() and self.attack.replaces_updates:
-            seen = torch.stack(self.honest_seen) if fedasync and self.attack.omniscient and self.honest_seen else None
-            updates.vector = self.attack(updates.vector, byzantine, self.version, seen)
-            bad = updates.first_nonfinite() if self.judges_each_update else None
-            if bad is not None:
-                advice = ("; choose a robust algorithm.aggregator (median, trimmed_mean, krum, ...)"
-                          if hasattr(self.cfg.algorithm, "aggregator") else "")
-                raise DivergenceError(
-                    f"server step {self.version + 1}: Byzantine client {updates.client_ids[bad]} sent a non-finite "
-                    f"update (system.byzantine.attack={self.cfg.system.byzantine.attack}) and the mean cannot absorb "
-                    f"it{advice}")
-        if fedasync and self.attack.omniscient and not byzantine.all():
-            honest = updates.vector[torch.from_numpy(np.flatnonzero(~byzantine))]
-            self.honest_seen = (self.honest_seen + list(honest))[-self.cfg.system.byzantine.window:]
-        self.state = self.algorithm.server_update(self.state, updates, weights)
-        if not self.judges_each_update and not bool(self.state.params.isfinite().all()):
-            why = (f"{int(byzantine.sum())} of them from Byzantine clients (system.byzantine.attack="
-                   f"{self.cfg.system.byzantine.attack}) that the rule did not absorb" if byzantine.any() else
-                   f"try a smaller algorithm.lr (now {self.cfg.algorithm.lr})")
-            raise DivergenceError(
-                f"server step {self.version + 1}: the model is not finite after aggregating {len(updates.client_ids)} "
-                f"updates with algorithm.aggregator={self.algorithm.aggregator.name}; {why}")
+        """Whether a non-finite update stops the run (see :attr:`ServerPipeline.judges_each_update`)."""
+        return self.server.pipeline.judges_each_update
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``,
@@ -286,7 +231,7 @@ class Scheduler:
         payload = self.payload()
         work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
         down = sum(t.numel() * t.element_size() for t in payload.values())
-        up = self.algorithm.upload_size(payload) * self.value_bytes
+        up = self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload) * self.value_bytes)
         return self.system.task_timing(clients, counters, work, down, up, draws)
 
     def evaluation_step(self, step: int) -> bool:
@@ -383,22 +328,17 @@ class Scheduler:
         for actor, task in self.runtime.lost_tasks():
             ids = np.asarray(task.client_ids, dtype=np.int64)
             n = len(ids)
-            self.log_events({
-                "round": np.asarray(task.versions, dtype=np.int64) + 1, "client_id": ids,
-                "actor": np.full(n, actor), "samples": self.train_sizes[ids], "train_loss": np.full(n, math.nan),
-                "compute_seconds": np.zeros(n), "virtual_start": np.full(n, math.nan),
-                "virtual_end": np.full(n, math.nan), "model_version": np.asarray(task.versions, dtype=np.int64),
-                "staleness": np.zeros(n, dtype=np.int64), "status": np.full(n, "retried"),
-            })
+            self.log_events(
+                {}, round=np.asarray(task.versions) + 1, client_id=ids, actor=np.full(n, actor),
+                samples=self.train_sizes[ids], train_loss=np.full(n, math.nan), compute_seconds=np.zeros(n),
+                virtual_start=np.full(n, math.nan), virtual_end=np.full(n, math.nan), model_version=task.versions,
+                staleness=np.zeros(n), status=np.full(n, "retried"))
 
-    def log_events(self, rows: dict) -> None:
-        """Event rows (columns) for client tasks that ended (:meth:`advance` adds the clients'
-        system profile); a column of the algorithm's ``client_diagnostics`` that ``rows`` lacks
-        is all NaN (tasks that returned no update)."""
-        missing = [name for name in self.algorithm.client_diagnostics if name not in rows]
-        if missing:
-            rows = {**rows, **{name: np.full(len(rows["client_id"]), math.nan) for name in missing}}
-        self._events.append(rows)
+    def log_events(self, numbers: dict, **columns) -> None:
+        """Event rows for client tasks that ended: the events schema's ``columns`` and the
+        algorithm's ``client_diagnostics`` from ``numbers`` (see :func:`event_columns`);
+        :meth:`advance` adds the clients' system profile."""
+        self._events.append(event_columns(self.algorithm.client_diagnostics, numbers, **columns))
 
     def client_columns(self, updates, rows: np.ndarray, n: int) -> dict:
         """The columns of the algorithm's ``client_diagnostics`` for ``n`` event rows: the numbers

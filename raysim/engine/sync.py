@@ -57,18 +57,18 @@ class SyncDriver:
         """Continue from :meth:`snapshot` (nothing to restore)."""
 
     def step(self) -> None:
-        s, ex = self.s, self.s.cfg.execution
+        s, p, ex = self.s, self.s.progress, self.s.cfg.execution
         began = time.perf_counter()
         k = ex.clients_per_round
         clients = s.sample(math.ceil(ex.over_selection * k))
-        counter = s.counter
+        counter = p.counter
         timing = s.timing(clients, np.full(len(clients), counter))
         kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s,
                                                      clients, k, ex.deadline)
         handles = s.payload_handle()
-        version = s.version
+        version = p.version
         updates = None
-        start = s.clock
+        start = p.clock
         if kept.any():
             tasks = s.with_states(make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version))
             updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes,
@@ -81,18 +81,19 @@ class SyncDriver:
                         f"(train_loss={updates.train_loss[diverged]}, non-finite update); "
                         f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
                 s.keep_states(updates)
-                s.server_step(updates, s.aggregation_weights(updates))
+                s.server.step(updates, s.aggregation_weights(updates), version)
             except DivergenceError:
-                s.done = True
+                p.end()
                 self._log_events(clients, kept, late, dropped, timing, updates, start, version, "diverged")
                 raise
-            s.applied += len(updates.client_ids)
-        s.clock += duration
-        s.version += 1
+            p.apply(len(updates.client_ids))
+        p.pass_time(duration)
+        p.step()
         self._log_events(clients, kept, late, dropped, timing, updates, start, version, "applied")
-        final = s.version == ex.rounds
-        s.done = final
-        eval_row = s.evaluate_if_due(s.version, final=final)
+        final = p.version == ex.rounds
+        if final:
+            p.end()
+        eval_row = s.evaluate_if_due(p.version, final=final)
         n_kept = int(kept.sum())
         s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
                     time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),
@@ -102,11 +103,11 @@ class SyncDriver:
         """The next round's training tasks as far as they are known before this round's results:
         the clients sampled at the clock this round ends, all of them kept. Only with data built on
         demand (hosts build those clients' rows while they wait), and never past the last round."""
-        s, ex = self.s, self.s.cfg.execution
-        if not s.builds_rows or s.version + 1 >= ex.rounds:
+        s, p, ex = self.s, self.s.progress, self.s.cfg.execution
+        if not s.builds_rows or p.version + 1 >= ex.rounds:
             return []
-        clients = s.system.sample_available(clock, s.counter, math.ceil(ex.over_selection * ex.clients_per_round))
-        return make_tasks("train", clients, s.train_sizes, s.counter, s.task_size, s.version + 1)
+        clients = s.system.sample_available(clock, p.counter, math.ceil(ex.over_selection * ex.clients_per_round))
+        return make_tasks("train", clients, s.train_sizes, p.counter, s.task_size, p.version + 1)
 
     def _log_events(self, clients, kept, late, dropped, timing, updates, start, version, kept_status) -> None:
         s = self.s
@@ -120,11 +121,8 @@ class SyncDriver:
             loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
             numbers = s.client_columns(updates, pos, n)
         status = np.select([kept, late, dropped], [kept_status, "late", "dropped"], "failed")
-        s.log_events({
-            "round": np.full(n, version + 1), "client_id": clients, "actor": actor,
-            "samples": s.train_sizes[clients], "train_loss": loss, "compute_seconds": compute,
-            "virtual_start": np.full(n, start), "virtual_end": start + timing.known_at_s,
-            "model_version": np.full(n, version), "staleness": np.zeros(n, dtype=np.int64), "status": status,
-            **numbers,
-        })
+        s.log_events(numbers, round=np.full(n, version + 1), client_id=clients, actor=actor,
+                     samples=s.train_sizes[clients], train_loss=loss, compute_seconds=compute,
+                     virtual_start=np.full(n, start), virtual_end=start + timing.known_at_s,
+                     model_version=np.full(n, version), staleness=np.zeros(n), status=status)
 

@@ -1,0 +1,35 @@
+"""The client's stages: what a client does to its update after the local loop, before upload.
+
+A client stage is pure like a server stage (:mod:`.stage`), over a task's results:
+``update(updates, ctx)`` gives the task's updates as the clients upload them, drawing any random
+number from the task's per-client streams ``ctx.rngs`` (so a client's upload does not depend on
+where or with whom it ran). A stage that keeps state per client (an error-feedback residual)
+keeps it as the algorithm's client state is kept: read with ``ctx.kept``, returned among
+``updates.states``, stored in the run state between the client's visits. ``upload_bytes``
+declares the bytes the stage's encoding uploads.
+"""
+
+from __future__ import annotations
+
+from raysim.algorithms import ClientContext, ClientUpdates
+
+
+class ClientStage:
+    """A stage a task's updates go through on the client host (see the module docstring)."""
+
+    name = "client_stage"
+
+    def update(self, updates: ClientUpdates, ctx: ClientContext) -> ClientUpdates:
+        """The task's updates as uploaded."""
+        raise NotImplementedError
+
+    def upload_bytes(self, nbytes: int) -> int:
+        """The bytes of an upload of ``nbytes`` once this stage has acted (the same, by default)."""
+        return nbytes
+
+
+def run_client_stages(stages: tuple, updates: ClientUpdates, ctx: ClientContext) -> ClientUpdates:
+    """``updates`` through ``stages`` in order."""
+    for stage in stages:
+        updates = stage.update(updates, ctx)
+    return updates

@@ -1,0 +1,78 @@
+"""The server step as one pipeline: the server stages in order, then the algorithm's aggregation
+and server optimizer (:meth:`Algorithm.server_update`). Synchronous rounds, FedBuff buffers and
+FedAsync steps, one at a time or a window of them, all go through it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim.algorithms import ClientUpdates, ServerState
+from raysim.errors import DivergenceError
+from raysim.pipeline.stage import ServerInput
+
+
+class ServerPipeline:
+    """``stages`` (server :class:`~.stage.Stage` objects) then ``algorithm``'s server update;
+    ``client_stages``: what clients run before upload (for the bytes they declare); ``byzantine``
+    [N] and ``cfg`` (the scenario) word a divergence. States are passed in and returned: the
+    server state, and the stages' states as ``{stage name: state}``."""
+
+    def __init__(self, algorithm, stages: tuple, client_stages: tuple, byzantine: np.ndarray, cfg):
+        self.algorithm, self.stages, self.client_stages = algorithm, stages, client_stages
+        self.byzantine, self.cfg = byzantine, cfg
+
+    def init(self) -> dict:
+        """The stages' states before the first step."""
+        return {stage.name: stage.init() for stage in self.stages}
+
+    @property
+    def judges_each_update(self) -> bool:
+        """Whether a non-finite update stops the run (the mean aggregator); a robust aggregator may
+        absorb it, and only a non-finite model stops the run."""
+        return not self.algorithm.aggregator.robust
+
+    @property
+    def takes_steps_together(self) -> bool:
+        """Whether :meth:`steps` takes a run of one-update steps at once: no stage acts on the
+        updates and the model is not checked after each step (the mean aggregator)."""
+        return not self.stages and self.judges_each_update
+
+    def upload_bytes(self, nbytes: int) -> int:
+        """The bytes a client uploads for an update of ``nbytes``, as the stages declare them."""
+        for stage in (*self.client_stages, *self.stages):
+            nbytes = stage.upload_bytes(nbytes)
+        return nbytes
+
+    def step(self, server: ServerState, states: dict, updates: ClientUpdates, weights: np.ndarray,
+             version: int) -> tuple[ServerState, dict]:
+        """(server state, stage states) after one server step from model ``version`` on ``updates``
+        (client-id order) with ``weights``. Raises DivergenceError on a non-finite Byzantine update
+        (mean aggregator) or model."""
+        step, states = ServerInput(updates, weights, version), dict(states)
+        for stage in self.stages:
+            step, states[stage.name] = stage.update(step, states[stage.name])
+        server = self.algorithm.server_update(server, step.updates, step.weights)
+        if not self.judges_each_update and not bool(server.params.isfinite().all()):
+            self._model_diverged(step)
+        return server, states
+
+    def steps(self, server: ServerState, states: dict, steps: list, version: int) -> tuple[list, dict]:
+        """([server state after each step], stage states) of ``steps`` ((updates, weights) pairs)
+        taken in a row from model ``version``: at once (:meth:`Algorithm.server_updates`) when
+        :attr:`takes_steps_together`, else one after the other."""
+        if self.takes_steps_together:
+            return self.algorithm.server_updates(server, steps), states
+        servers = []
+        for i, (updates, weights) in enumerate(steps):
+            server, states = self.step(server, states, updates, weights, version + i)
+            servers.append(server)
+        return servers, states
+
+    def _model_diverged(self, step: ServerInput) -> None:
+        cfg, byzantine = self.cfg, self.byzantine[step.updates.client_ids]
+        why = (f"{int(byzantine.sum())} of them from Byzantine clients (system.byzantine.attack="
+               f"{cfg.system.byzantine.attack}) that the rule did not absorb" if byzantine.any() else
+               f"try a smaller algorithm.lr (now {cfg.algorithm.lr})")
+        raise DivergenceError(
+            f"server step {step.version + 1}: the model is not finite after aggregating {len(step.updates.client_ids)} "
+            f"updates with algorithm.aggregator={self.algorithm.aggregator.name}; {why}")

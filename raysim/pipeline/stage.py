@@ -1,0 +1,47 @@
+"""The contract of a pipeline stage: a pure ``(init, update)`` pair, as optax's transforms are.
+
+``init()`` gives the stage's state; ``update(step, state)`` gives the step as the stage passes it
+on and the stage's new state, and never changes either argument in place. The state is plain
+content (tensors, numbers, lists, dicts; per-client state as ``{client id: tensor}``), so the run
+state saves and loads it whole. A stage that draws numbers draws them from its own stream,
+keyed by the server step (``step.version``), never from a shared generator. ``upload_bytes``
+declares what the stage does to the bytes a client uploads (an encoding stage: fewer; secure
+aggregation's masks: more); the system model times uploads from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.algorithms import ClientUpdates
+
+
+@dataclass(frozen=True)
+class ServerInput:
+    """What flows through the server's stages: the step's updates (one row per client, client-id
+    order), their aggregation weights, and the model version the step starts from (the step's
+    number is ``version + 1``)."""
+
+    updates: ClientUpdates
+    weights: np.ndarray
+    version: int
+
+
+class Stage:
+    """A server stage (see the module docstring); ``name`` keys its state in the run state."""
+
+    name = "stage"
+
+    def init(self) -> dict:
+        """The stage's state before the first step."""
+        return {}
+
+    def update(self, step: ServerInput, state: dict) -> tuple[ServerInput, dict]:
+        """(the step as this stage passes it on, the stage's new state)."""
+        raise NotImplementedError
+
+    def upload_bytes(self, nbytes: int) -> int:
+        """The bytes of an upload of ``nbytes`` once this stage has acted (the same, by default)."""
+        return nbytes

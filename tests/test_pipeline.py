@@ -1,0 +1,117 @@
+"""The server step as one pipeline of stages, and the client's stages before upload: stages are
+pure, their states live in the run state, a window of FedAsync steps is the steps one at a time,
+and what a client stage does reaches the server and the virtual upload time."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from conftest import small_scenario
+from omegaconf import OmegaConf
+
+import raysim
+from raysim.algorithms import ClientUpdates
+from raysim.data import build_dataset
+from raysim.engine.runtime import LocalRuntime
+from raysim.pipeline import build
+from raysim.pipeline.attack import ByzantineAttack
+from raysim.pipeline.client import ClientStage
+from raysim.pipeline.momentum import ClientMomentum
+from raysim.pipeline.stage import ServerInput
+
+FEDASYNC = ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=12"]
+
+
+def _scheduler(cfg):
+    scenario = OmegaConf.to_container(cfg, resolve=True)
+    runtime = LocalRuntime()
+    return runtime.scheduler(scenario, runtime.load(scenario, build_dataset(cfg.data, cfg.seed)))
+
+
+def _updates(ids, rows) -> ClientUpdates:
+    ids = np.asarray(ids)
+    return ClientUpdates(ids, np.full(len(ids), 10), np.full(len(ids), 0.5), rows)
+
+
+def test_the_pipeline_holds_the_stages_the_scenario_asks_for(tmp_path):
+    """Client momentum, then the attack, then the algorithm's step; a FedAsync window is taken at
+    once exactly when no stage acts on the updates and the aggregator is the mean."""
+    def pipeline(*overrides):
+        return _scheduler(small_scenario(tmp_path, *FEDASYNC, *overrides)).server.pipeline
+
+    plain = pipeline()
+    assert plain.stages == () and plain.takes_steps_together
+    both = pipeline("algorithm.client_momentum=0.5", "system.byzantine.fraction=0.2", "system.byzantine.attack=ipm",
+                    "system.byzantine.window=4")
+    assert [type(s) for s in both.stages] == [ClientMomentum, ByzantineAttack] and not both.takes_steps_together
+    assert both.stages[1].window == 4
+    assert not pipeline("algorithm.aggregator=median", "execution.aggregation=fedbuff",
+                        "execution.buffer_size=4").takes_steps_together
+    assert pipeline("system.byzantine.fraction=0.2", "system.byzantine.attack=label_flip").stages == ()
+
+
+def test_stages_are_pure_and_a_run_of_steps_is_the_steps_one_at_a_time(tmp_path):
+    scheduler = _scheduler(small_scenario(tmp_path, *FEDASYNC, "algorithm.client_momentum=0.5"))
+    pipeline, server, states = scheduler.server.pipeline, scheduler.state, scheduler.server.stage_states
+    size = scheduler.algorithm.update_size()
+    rows = torch.randn(4, size, generator=torch.Generator().manual_seed(0))
+    steps = [(_updates([c], rows[i:i + 1]), np.array([1.0])) for i, c in enumerate([3, 5, 3, 7])]
+    servers, after = pipeline.steps(server, states, steps, 0)
+    assert states == {"client_momentum": {"vectors": {}}}  # the states passed in are left as they were
+    one, kept = server, states
+    for (updates, weights), got in zip(steps, servers):
+        one, kept = pipeline.step(one, kept, updates, weights, 0)
+        assert torch.equal(got.params, one.params)
+    assert sorted(after["client_momentum"]["vectors"]) == [3, 5, 7]
+    moved = after["client_momentum"]["vectors"][3]  # 0.5 · (0.5 · u_0) + 0.5 · u_2
+    assert torch.allclose(moved, 0.25 * rows[0] + 0.5 * rows[2])
+
+
+def test_the_attack_window_is_the_last_honest_updates(tmp_path):
+    scheduler = _scheduler(small_scenario(tmp_path, *FEDASYNC, "system.byzantine.fraction=0.2",
+                                          "system.byzantine.attack=ipm", "system.byzantine.window=2"))
+    stage = scheduler.server.pipeline.stages[0]
+    byzantine = np.flatnonzero(stage.byzantine)
+    honest = np.flatnonzero(~stage.byzantine)
+    state, size = stage.init(), scheduler.algorithm.update_size()
+    for i, c in enumerate(honest[:3]):
+        _, state = stage.update(ServerInput(_updates([c], torch.full((1, size), float(i))), np.ones(1), i), state)
+    assert [float(t[0]) for t in state["seen"]] == [1.0, 2.0]
+    sent, after = stage.update(ServerInput(_updates([byzantine[0]], torch.ones(1, size)), np.ones(1), 3), state)
+    epsilon = scheduler.cfg.system.byzantine.epsilon
+    assert torch.allclose(sent.updates.vector[0].double(), torch.full((size,), -epsilon * 1.5, dtype=torch.float64))
+    assert after["seen"] == state["seen"]  # a Byzantine update is never seen as honest
+
+
+class Halve(ClientStage):
+    """A client stage of this test: the update halved, uploaded in a quarter of the bytes."""
+
+    name = "halve"
+
+    def update(self, updates, ctx):
+        updates.vector = updates.vector / 2
+        return updates
+
+    def upload_bytes(self, nbytes):
+        return nbytes // 4
+
+
+def test_a_client_stage_changes_what_the_server_sees_and_the_upload_time(tmp_path, monkeypatch):
+    (tmp_path / "seen_rows.py").write_text("import torch\nSEEN = {}\n"
+                                           "def frozen(updates, weights, run):\n"
+                                           "    SEEN.setdefault(run, []).append(updates.clone())\n"
+                                           "    return torch.zeros(updates.shape[1], dtype=torch.float64)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    keys = ["execution.rounds=2", "system.network.kind=constant", "system.network.up_mbps=0.01"]
+    times = {}
+    for run in ("raw", "halved"):
+        if run == "halved":
+            monkeypatch.setattr(build, "client_stages", lambda cfg: (Halve(),))
+        result = raysim.run(small_scenario(tmp_path / run, *keys, "algorithm.aggregator=seen_rows:frozen",
+                                           f"algorithm.aggregator_options={{run: {run}}}"))
+        times[run] = result.summary["virtual_time"]
+    import seen_rows
+
+    for raw, halved in zip(seen_rows.SEEN["raw"], seen_rows.SEEN["halved"]):
+        assert torch.equal(halved, raw / 2)
+    assert times["halved"] < times["raw"]
