@@ -16,7 +16,7 @@ from conftest import small_scenario
 from raysim.algorithms import RowData
 from raysim.engine.evaluation import client_tests, pooled
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.scheduler import evaluates_on_hosts
+from raysim.engine.run_evaluation import evaluates_on_hosts
 from raysim.engine.simulation import prepare, run_scenario
 from raysim.models import FlatModel
 

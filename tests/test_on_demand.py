@@ -18,7 +18,7 @@ from raysim.data.generators import GaussianMixtureLaw, LeafSyntheticLaw, Synthet
 from raysim.data.saddle import SaddleLaw
 from raysim.engine.dispatch import make_tasks
 from raysim.engine.evaluation import GlobalEvaluator
-from raysim.engine.scheduler import evaluated_clients
+from raysim.engine.run_evaluation import evaluated_clients
 from raysim.errors import ScenarioError
 
 LAWS = {"gaussian_mixture": lambda: GaussianMixtureLaw(3), "leaf_synthetic": lambda: LeafSyntheticLaw(3, 0.5, 0.5, 0.2),

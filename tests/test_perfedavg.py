@@ -163,7 +163,7 @@ def test_personalized_evaluation_is_a_hand_computed_adaptation_step(tmp_path):
 
 def test_a_seeded_sample_of_clients_is_evaluated(tmp_path):
     cfg = small_scenario(tmp_path, "execution.rounds=2", "eval.personalized_steps=1", "eval.clients=7")
-    from raysim.engine.scheduler import evaluated_clients
+    from raysim.engine.run_evaluation import evaluated_clients
 
     chosen = evaluated_clients(cfg, 40)
     assert len(chosen) == 7 and list(chosen) == sorted(set(chosen))

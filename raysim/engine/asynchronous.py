@@ -298,7 +298,7 @@ class AsyncDriver:
             s.server.adopt(state)
             p.rewind(self.deferred_from + i, at)
             p.step()
-            self._log_step(updates, s.evaluate_if_due(p.version))
+            self._log_step(updates, s.evaluation.if_due(p.version))
             payloads[p.version] = s.payload()
         p.rewind(p.version, clock)
         return payloads
@@ -343,7 +343,7 @@ class AsyncDriver:
         s.progress.step()
         self.buffer = []
         done = self._should_stop()
-        eval_row = s.evaluate_if_due(s.progress.version, final=done)
+        eval_row = s.evaluation.if_due(s.progress.version, final=done)
         if done or self._should_stop():  # the evaluation may have reached target_accuracy
             s.progress.end()
         self._log_step(updates, eval_row)
@@ -358,7 +358,7 @@ class AsyncDriver:
         s, ex = self.s, self.ex
         return ((ex.max_updates is not None and s.progress.applied >= ex.max_updates)
                 or (ex.max_virtual_time is not None and s.progress.clock >= ex.max_virtual_time)
-                or (ex.target_accuracy is not None and s.last_eval["test_accuracy"] >= ex.target_accuracy))
+                or (ex.target_accuracy is not None and s.evaluation.last["test_accuracy"] >= ex.target_accuracy))
 
     def _stop(self) -> None:
         """Stop between server steps: apply a partly filled buffer, or evaluate in a last row."""
@@ -366,7 +366,7 @@ class AsyncDriver:
         if self.buffer:
             self._server_step()
         else:
-            eval_row = s.evaluate_if_due(s.progress.version, final=True)
+            eval_row = s.evaluation.if_due(s.progress.version, final=True)
             s.log_round(None, 0, 0, math.nan, eval_row)
         s.progress.end()
 

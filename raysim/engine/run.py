@@ -25,7 +25,7 @@ from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
-from raysim.engine.scheduler import evaluates_on_hosts
+from raysim.engine.run_evaluation import evaluates_on_hosts
 from raysim.metrics import ParquetLog
 from raysim.metrics.output import DIAGNOSTICS, EVENTS_SCHEMA, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
 

@@ -19,11 +19,12 @@ from raysim.config import scenario_object
 from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncDriver
-from raysim.engine.dispatch import clients_per_task, make_tasks, run_tasks
+from raysim.engine.dispatch import clients_per_task
 from raysim.engine.events import event_columns
-from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator, pooled
 from raysim.engine.payloads import PayloadCache
 from raysim.engine.progress import Progress
+from raysim.engine.rounds import round_row
+from raysim.engine.run_evaluation import Evaluation
 from raysim.engine.run_state import RunState
 from raysim.engine.server import Server
 from raysim.engine.sync import SyncDriver
@@ -31,31 +32,8 @@ from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
 from raysim.pipeline.build import server_pipeline
-from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
 from raysim.threads import torch_threads
-
-EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
-                "personalized_accuracy_ci95")
-
-
-def evaluated_clients(cfg, num_clients: int) -> np.ndarray:
-    """The clients global and personalized evaluation test: all, or a seeded sample of
-    ``eval.clients`` (the same at every evaluation), in id order."""
-    k = cfg.eval.clients
-    if k is None or k >= num_clients:
-        return np.arange(num_clients)
-    return np.sort(stream(cfg.seed, Purpose.EVAL_CLIENTS).choice(num_clients, k, replace=False))
-
-
-def evaluates_on_hosts(cfg) -> bool:
-    """Whether the client hosts test the global model (``eval.where``; 'auto': when the actors have
-    GPUs and rounds are synchronous, since an asynchronous run's evaluation calls would queue
-    behind every task in flight)."""
-    if cfg.eval.where == "auto":
-        return cfg.runtime.gpus_per_actor > 0 and cfg.execution.mode == "sync"
-    return cfg.eval.where == "actors"
-
 
 class Scheduler:
     """Virtual time, server state, dispatch; :meth:`advance` runs server steps for a while."""
@@ -71,21 +49,13 @@ class Scheduler:
         self.algorithm = make_algorithm(cfg, self.model, problem, self.dataset.num_clients)
         self.system = SystemModel(cfg.system, self.dataset.num_clients, cfg.seed)
         initial = self.model.initial_vector()
-        self.eval_clients = evaluated_clients(cfg, self.dataset.num_clients)
         self.task_size = clients_per_task(cfg)
-        self.evaluator = None if problem is not None or evaluates_on_hosts(cfg) else GlobalEvaluator(
-            self.model, self.dataset, self.eval_tasks(0), cfg.runtime.torch_threads)  # else: the hosts test
-        self.quadratic = None if problem is None else QuadraticEvaluator(problem, self.algorithm.personalised,
-                                                                                 initial)
-        self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
-            self.model, self.dataset, cfg.system.unreliable.weights == "uniform",
-            getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
         self.server = Server(server_pipeline(cfg, self.algorithm, self.system.profile["byzantine"]),
                              self.algorithm.init(initial))
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
         self.progress = Progress()
+        self.evaluation = Evaluation(self, problem, initial)
         self.began = time.perf_counter()
-        self.last_eval = dict.fromkeys(EVAL_COLUMNS, math.nan)
         self.stop_version = None  # the server version the current advance must not pass (None: any)
         self._rounds: list = []
         self._events: list = []
@@ -140,7 +110,7 @@ class Scheduler:
             events["node"] = nodes[events["actor"]].astype(str)
             events.update(self.system.profile_of(events["client_id"]))
         out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
-               "last_eval": dict(self.last_eval), "applied": self.progress.applied, "version": self.version,
+               "last_eval": dict(self.evaluation.last), "applied": self.progress.applied, "version": self.version,
                "wall": time.perf_counter() - self.began}
         self._rounds, self._events = [], []
         return out
@@ -156,7 +126,7 @@ class Scheduler:
         """Everything the run needs to continue, as one object (call it between :meth:`advance` calls)."""
         p = self.progress
         return RunState(server=self.state, client_state=dict(self.client_state), clock=float(p.clock),
-                        version=p.version, counter=p.counter, applied=p.applied, last_eval=dict(self.last_eval),
+                        version=p.version, counter=p.counter, applied=p.applied, last_eval=dict(self.evaluation.last),
                         done=p.done, driver=self.driver.snapshot(), pipeline=dict(self.server.stage_states))
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
@@ -167,7 +137,7 @@ class Scheduler:
         self.server.restore(state.server, state.pipeline)
         self.client_state = dict(state.client_state)
         self.progress = Progress(state.version, state.clock, state.counter, state.applied, state.done)
-        self.last_eval = dict(state.last_eval)
+        self.evaluation.last = dict(state.last_eval)
         self._rounds, self._events = [], []
         self.payloads.clear()
         self.driver.restore(state.driver)
@@ -234,93 +204,22 @@ class Scheduler:
         up = self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload) * self.value_bytes)
         return self.system.task_timing(clients, counters, work, down, up, draws)
 
-    def evaluation_step(self, step: int) -> bool:
-        """Whether server step ``step`` is one of every ``eval.every`` (0: none but the last)."""
-        every = self.cfg.eval.every
-        return every > 0 and step % every == 0
-
-    def evaluate_if_due(self, step: int, final: bool = False) -> dict:
-        """Evaluate the global model when ``step`` is an evaluation step (or ``final``); the row also
-        holds ``eval_seconds``, the wall time that took (0 when nothing was due)."""
-        began = time.perf_counter()
-        row = dict.fromkeys(EVAL_COLUMNS, math.nan)
-        if (final or self.evaluation_step(step)) and self.quadratic is None:
-            row["test_loss"], row["test_accuracy"] = self._test(self.algorithm.global_params(self.state))
-            row.update(self._personalized())
-            self.last_eval.update(row)
-        row["eval_seconds"] = time.perf_counter() - began
-        return row
-
-    def eval_tasks(self, version: int) -> list:
-        """The evaluated clients grouped into tasks (of ``op`` 'evaluate', from model ``version``)."""
-        return make_tasks("evaluate", self.eval_clients, self.train_sizes, 0, self.task_size, version)
-
-    def _test(self, params: torch.Tensor) -> tuple[float, float]:
-        """(test loss, test accuracy) of the global model ``params``: on the driver, or as
-        'evaluate' tasks on the client hosts, which give the same bits on the same kind of device."""
-        if self.evaluator is not None:
-            return self.evaluator(params)
-        handle = {self.version: self.runtime.broadcast({"params": params})}
-        return pooled(run_tasks(self.runtime, handle, self.eval_tasks(self.version), self.train_sizes))
-
-    def _personalized(self) -> dict:
-        """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``) and
-        tests on its own rows: pooled over test rows, and the mean over clients (those with test
-        rows) with its 95% confidence half-width (Student's t)."""
-        ev = self.cfg.eval
-        if ev.personalized_steps == 0 and ev.personalized_epochs == 0:
-            return {}
-        tasks = self.with_states(make_tasks("personalize", self.eval_clients, self.train_sizes, 0, self.task_size,
-                                            self.version))
-        results = run_tasks(self.runtime, self.payload_handle(), tasks, self.train_sizes)
-        correct = np.concatenate([p.test_correct for p in results])
-        rows = np.concatenate([p.test_rows for p in results])
-        tested = rows > 0
-        if not tested.any():
-            return {}
-        from scipy import stats  # only runs with personalized evaluation pay for its import
-
-        accuracy = correct[tested] / rows[tested]
-        n = len(accuracy)
-        ci = (stats.t.ppf(0.975, n - 1) * accuracy.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        return {"personalized_accuracy": float(correct.sum() / rows.sum()),  # plain floats: a checkpoint
-                "personalized_accuracy_mean": float(accuracy.mean()),  # holds them (torch.load, weights only)
-                "personalized_accuracy_ci95": float(ci)}
-
-    def log_round(self, updates, clients: int, samples: int, round_wall: float, eval_row: dict, **counts) -> None:
-        """One rounds.parquet row for the server step just taken (missing values as nulls). Its
-        ``eval_seconds`` (evaluation and diagnostics) count in ``wall_time`` but not in
-        ``updates_per_second``: ``round_wall`` includes ``eval_row``'s evaluation, which is taken out."""
+    def log_round(self, updates, clients: int, samples: int, round_wall: float, evaluated: dict, **counts) -> None:
+        """The rounds row of the server step just taken (:func:`round_row`), with ``evaluated`` (the
+        evaluation's row), ``counts`` (of :data:`~.rounds.TASK_COUNTS`) and the evaluation's
+        diagnostics. Its ``eval_seconds`` (evaluation and diagnostics) count in ``wall_time`` but not
+        in ``updates_per_second``: ``round_wall`` includes the evaluation, which is taken out."""
         loss = (float(np.dot(updates.samples, updates.train_loss) / updates.samples.sum())
                 if updates is not None and len(updates.client_ids) else math.nan)
         diagnosing = time.perf_counter()
-        diagnostics = self._diagnostics()
+        diagnostics = self.evaluation.diagnostics()
         now = time.perf_counter()
-        training = round_wall - eval_row["eval_seconds"]
-        row = {
-            "round": self.version, "virtual_time": self.clock, "wall_time": now - self.began,
-            "train_loss": loss, **eval_row, "clients": clients, "samples": samples,
+        training = round_wall - evaluated["eval_seconds"]
+        self._rounds.append(round_row(self.algorithm.server_diagnostics, {
+            "round": self.version, "virtual_time": self.clock, "wall_time": now - self.began, "train_loss": loss,
+            **evaluated, "clients": clients, "samples": samples,
             "updates_per_second": clients / training if training > 0 else math.nan,
-            "eval_seconds": eval_row["eval_seconds"] + now - diagnosing,
-            **{k: counts.get(k, 0) for k in ("late", "dropped", "failed", "stale")},
-            **diagnostics,
-        }
-        self._rounds.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
-
-    def _diagnostics(self) -> dict:
-        """The numbers the algorithm's last server step reported (its ``server_diagnostics``, such
-        as FFGG's ‖F(θ)‖² estimate grad_norm_sq); rel_error, grad_norm_sq and loss_gap of the
-        current server state, exact, for quadratic problems. With ``eval.curvature``, at the
-        evaluation steps (every ``eval.every`` server steps and the last), the exact objective,
-        grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
-        row = {"rel_error": math.nan, "grad_norm_sq": math.nan, "loss_gap": math.nan, "objective": math.nan,
-               "hessian_min_eig": math.nan, "parameters": None, **self.algorithm.diagnostics_of(self.state)}
-        if self.quadratic is not None:
-            row.update(self.quadratic(self.algorithm.global_params(self.state),
-                                      self.algorithm.client_models(self.state, self.client_state)))
-        if self.curvature is not None and (self.done or self.evaluation_step(self.version)):
-            row.update(self.curvature(self.algorithm.global_params(self.state)))
-        return row
+            "eval_seconds": evaluated["eval_seconds"] + now - diagnosing, **counts, **diagnostics}))
 
     def _log_lost_tasks(self) -> None:
         """One ``retried`` event row per client of each task that was run again because the

@@ -93,7 +93,7 @@ class SyncDriver:
         final = p.version == ex.rounds
         if final:
             p.end()
-        eval_row = s.evaluate_if_due(p.version, final=final)
+        eval_row = s.evaluation.if_due(p.version, final=final)
         n_kept = int(kept.sum())
         s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
                     time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),

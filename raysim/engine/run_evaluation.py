@@ -1,0 +1,124 @@
+"""A run's evaluation: when the global model is tested and by whom (the driver or the client hosts),
+personalized evaluation, and the diagnostics of the server state that each rounds row holds."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from raysim.engine.dispatch import make_tasks, run_tasks
+from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator, pooled
+from raysim.streams import Purpose, stream
+
+EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
+                "personalized_accuracy_ci95")
+
+
+def evaluated_clients(cfg, num_clients: int) -> np.ndarray:
+    """The clients global and personalized evaluation test: all, or a seeded sample of
+    ``eval.clients`` (the same at every evaluation), in id order."""
+    k = cfg.eval.clients
+    if k is None or k >= num_clients:
+        return np.arange(num_clients)
+    return np.sort(stream(cfg.seed, Purpose.EVAL_CLIENTS).choice(num_clients, k, replace=False))
+
+
+def evaluates_on_hosts(cfg) -> bool:
+    """Whether the client hosts test the global model (``eval.where``; 'auto': when the actors have
+    GPUs and rounds are synchronous, since an asynchronous run's evaluation calls would queue
+    behind every task in flight)."""
+    if cfg.eval.where == "auto":
+        return cfg.runtime.gpus_per_actor > 0 and cfg.execution.mode == "sync"
+    return cfg.eval.where == "actors"
+
+
+class Evaluation:
+    """The evaluations of the run that ``run`` (the Scheduler) moves forward: global test loss and
+    accuracy and personalized accuracy every ``eval.every`` server steps and at the last, and the
+    diagnostics of every server step. ``last``: the latest evaluation ({column: value} of
+    :data:`EVAL_COLUMNS`), kept in the run state. ``problem``: the quadratic problem the data set is
+    (None: none); ``initial``: the initial parameters."""
+
+    def __init__(self, run, problem, initial):
+        cfg, dataset, algorithm = run.cfg, run.dataset, run.algorithm
+        self.run, self.cfg = run, cfg
+        self.clients = evaluated_clients(cfg, dataset.num_clients)
+        self.on_driver = None if problem is not None or evaluates_on_hosts(cfg) else GlobalEvaluator(
+            run.model, dataset, self.tasks(0), cfg.runtime.torch_threads)  # else: the hosts test
+        self.quadratic = None if problem is None else QuadraticEvaluator(problem, algorithm.personalised, initial)
+        self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
+            run.model, dataset, cfg.system.unreliable.weights == "uniform",
+            getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
+        self.last = dict.fromkeys(EVAL_COLUMNS, math.nan)
+
+    def is_due(self, step: int) -> bool:
+        """Whether server step ``step`` is one of every ``eval.every`` (0: none but the last)."""
+        every = self.cfg.eval.every
+        return every > 0 and step % every == 0
+
+    def if_due(self, step: int, final: bool = False) -> dict:
+        """Evaluate the global model when ``step`` is an evaluation step (or ``final``): {column:
+        value} of :data:`EVAL_COLUMNS` (NaN: not evaluated) and ``eval_seconds``, the wall time
+        that took (0 when nothing was due)."""
+        began = time.perf_counter()
+        row = dict.fromkeys(EVAL_COLUMNS, math.nan)
+        if (final or self.is_due(step)) and self.quadratic is None:
+            row["test_loss"], row["test_accuracy"] = self._test(self.run.algorithm.global_params(self.run.state))
+            row.update(self._personalized())
+            self.last.update(row)
+        row["eval_seconds"] = time.perf_counter() - began
+        return row
+
+    def tasks(self, version: int) -> list:
+        """The evaluated clients grouped into tasks (of ``op`` 'evaluate', from model ``version``)."""
+        return make_tasks("evaluate", self.clients, self.run.train_sizes, 0, self.run.task_size, version)
+
+    def _test(self, params) -> tuple[float, float]:
+        """(test loss, test accuracy) of the global model ``params``: on the driver, or as
+        'evaluate' tasks on the client hosts, which give the same bits on the same kind of device."""
+        if self.on_driver is not None:
+            return self.on_driver(params)
+        run = self.run
+        handle = {run.version: run.runtime.broadcast({"params": params})}
+        return pooled(run_tasks(run.runtime, handle, self.tasks(run.version), run.train_sizes))
+
+    def _personalized(self) -> dict:
+        """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``) and
+        tests on its own rows: pooled over test rows, and the mean over clients (those with test
+        rows) with its 95% confidence half-width (Student's t)."""
+        ev, run = self.cfg.eval, self.run
+        if ev.personalized_steps == 0 and ev.personalized_epochs == 0:
+            return {}
+        tasks = run.with_states(make_tasks("personalize", self.clients, run.train_sizes, 0, run.task_size,
+                                           run.version))
+        results = run_tasks(run.runtime, run.payload_handle(), tasks, run.train_sizes)
+        correct = np.concatenate([p.test_correct for p in results])
+        rows = np.concatenate([p.test_rows for p in results])
+        tested = rows > 0
+        if not tested.any():
+            return {}
+        from scipy import stats  # only runs with personalized evaluation pay for its import
+
+        accuracy = correct[tested] / rows[tested]
+        n = len(accuracy)
+        ci = (stats.t.ppf(0.975, n - 1) * accuracy.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        return {"personalized_accuracy": float(correct.sum() / rows.sum()),  # plain floats: a checkpoint
+                "personalized_accuracy_mean": float(accuracy.mean()),  # holds them (torch.load, weights only)
+                "personalized_accuracy_ci95": float(ci)}
+
+    def diagnostics(self) -> dict:
+        """The numbers the algorithm's last server step reported (its ``server_diagnostics``, such
+        as FFGG's ‖F(θ)‖² estimate grad_norm_sq); rel_error, grad_norm_sq and loss_gap of the
+        current server state, exact, for quadratic problems. With ``eval.curvature``, at the
+        evaluation steps (every ``eval.every`` server steps and the last), the exact objective,
+        grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
+        run, algorithm = self.run, self.run.algorithm
+        row = algorithm.diagnostics_of(run.state)
+        if self.quadratic is not None:
+            row.update(self.quadratic(algorithm.global_params(run.state),
+                                      algorithm.client_models(run.state, run.client_state)))
+        if self.curvature is not None and (run.done or self.is_due(run.version)):
+            row.update(self.curvature(algorithm.global_params(run.state)))
+        return row
