@@ -4,7 +4,10 @@ and what a client stage does reaches the server and the virtual upload time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 import torch
 from conftest import small_scenario
 from omegaconf import OmegaConf
@@ -12,12 +15,13 @@ from omegaconf import OmegaConf
 import raysim
 from raysim.algorithms import ClientUpdates
 from raysim.data import build_dataset
+from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.runtime import LocalRuntime
 from raysim.pipeline import build
 from raysim.pipeline.attack import ByzantineAttack
 from raysim.pipeline.client import ClientStage
 from raysim.pipeline.momentum import ClientMomentum
-from raysim.pipeline.stage import ServerInput
+from raysim.pipeline.stage import AggregateStage, ServerInput
 
 FEDASYNC = ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=12"]
 
@@ -115,3 +119,69 @@ def test_a_client_stage_changes_what_the_server_sees_and_the_upload_time(tmp_pat
     for raw, halved in zip(seen_rows.SEEN["raw"], seen_rows.SEEN["halved"]):
         assert torch.equal(halved, raw / 2)
     assert times["halved"] < times["raw"]
+
+
+class Shift(AggregateStage):
+    """An aggregate stage of this test: adds ``vector`` to every step's aggregate, counting the steps
+    in its state."""
+
+    name = "shift"
+
+    def __init__(self, vector):
+        self.vector = vector
+
+    def init(self):
+        return {"steps": 0}
+
+    def update(self, aggregate, state):
+        return replace(aggregate, vector=aggregate.vector + self.vector), {"steps": state["steps"] + 1}
+
+
+@pytest.mark.parametrize("mode", [[], FEDASYNC])
+def test_an_aggregate_stage_reaches_the_server_optimizer(tmp_path, monkeypatch, mode):
+    """Between the aggregation rule (here one that always gives zero) and the server optimizer
+    (SGD at server_lr 0.5), an aggregate stage adding v moves the model by exactly −0.5·v each
+    server step, in synchronous rounds and in FedAsync windows; its state is in the run state."""
+    (tmp_path / "zero_rule.py").write_text("import torch\n"
+                                           "def zero(updates, weights):\n"
+                                           "    return torch.zeros(updates.shape[1], dtype=torch.float64)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = small_scenario(tmp_path, *mode, "algorithm.aggregator=zero_rule:zero", "algorithm.server_lr=0.5")
+    size = _scheduler(cfg).algorithm.update_size()
+    shift = torch.linspace(-1, 1, size, dtype=torch.float64)
+    monkeypatch.setattr(build, "aggregate_stages", lambda cfg: (Shift(shift),))
+    windows = []
+    handle_window = AsyncDriver._handle_window
+    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, w: windows.append(len(w)) or handle_window(self, w))
+    scheduler = _scheduler(cfg)
+    assert not scheduler.server.pipeline.takes_steps_together
+    expected = scheduler.state.params.clone()
+    while not scheduler.done:
+        scheduler.advance(60.0)
+    steps = scheduler.version
+    for _ in range(steps):
+        expected = (expected.double() - 0.5 * shift).to(expected.dtype)
+    assert torch.equal(scheduler.finish()["params"], expected)
+    assert scheduler.run_state().pipeline == {"shift": {"steps": steps}}
+    assert steps == (3 if not mode else 12) and (not mode or windows)
+
+
+def test_a_window_of_steps_goes_through_the_aggregate_stages(tmp_path, monkeypatch):
+    """Under the mean, an aggregate stage makes :meth:`ServerPipeline.steps` take a window's steps
+    one after the other, each through the stage."""
+    cfg = small_scenario(tmp_path, *FEDASYNC)
+    size = _scheduler(cfg).algorithm.update_size()
+    shift = torch.full((size,), 0.25, dtype=torch.float64)
+    monkeypatch.setattr(build, "aggregate_stages", lambda cfg: (Shift(shift),))
+    scheduler = _scheduler(cfg)
+    pipeline, server = scheduler.server.pipeline, scheduler.state
+    assert not pipeline.takes_steps_together
+    rows = torch.randn(3, size, generator=torch.Generator().manual_seed(0))
+    steps = [(_updates([c], rows[i:i + 1]), np.array([1.0])) for i, c in enumerate([3, 5, 3])]
+    servers, after = pipeline.steps(server, pipeline.init(), steps, 0)
+    assert after == {"shift": {"steps": 3}}
+    plain = server
+    for (updates, weights), got in zip(steps, servers):
+        aggregate = scheduler.algorithm.aggregator(updates.vector, weights, plain.aggregation)[0] + shift
+        plain = scheduler.algorithm.server_apply(plain, aggregate, plain.aggregation, updates, weights)
+        assert torch.equal(got.params, plain.params)

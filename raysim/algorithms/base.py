@@ -8,11 +8,15 @@ In the style of FedJAX's ``FederatedAlgorithm`` and optax's transforms, an algor
     client_update(payloads, ctx)       -> ClientUpdates of a task's clients (vectorized); payloads[c]
                                           is what client c received (asynchronous clients of one task
                                           may start from different model versions)
-    server_update(state, updates, w)   -> the next ServerState: aggregate the updates (the mean, or
-                                          a robust rule: :mod:`.aggregation`), let the
-                                          algorithm turn the aggregate into a direction
-                                          (:meth:`Algorithm.server_direction`), apply the server
-                                          optimizer (:mod:`raysim.algorithms.server_optimizers`)
+    aggregator(vectors, w, agg_state)  -> (aggregate, its new state): the mean, or a robust rule
+                                          (:mod:`.aggregation`)
+    server_apply(state, aggregate, ...) -> the next ServerState: the algorithm turns the aggregate
+                                          into a direction (:meth:`Algorithm.server_direction`),
+                                          the server optimizer steps
+                                          (:mod:`raysim.algorithms.server_optimizers`)
+
+The server step (:class:`raysim.pipeline.server.ServerPipeline`) runs its stages around the
+two: update stages before the aggregator, aggregate stages between it and :meth:`server_apply`.
 
 and declares what a task costs: :meth:`Algorithm.work` (samples processed) and
 :meth:`Algorithm.upload_size` (numbers sent); the payload's size is its tensors' bytes. The
@@ -163,25 +167,23 @@ class Algorithm:
         return aggregate, state.extra, {}
 
     def server_update(self, state: ServerState, updates: ClientUpdates, weights: np.ndarray) -> ServerState:
-        """One server step: aggregate (client-id order, float64), then :meth:`server_apply`."""
+        """One server step of this algorithm alone (no pipeline stage): aggregate (client-id order,
+        float64), then :meth:`server_apply`. The server pipeline makes the same two calls with its
+        stages around them; an algorithm changes its step through :meth:`server_direction`,
+        :meth:`server_rule` or :meth:`server_apply`, never here."""
         aggregate, aggregation = self.aggregator(updates.vector, weights, state.aggregation)
         return self.server_apply(state, aggregate, aggregation, updates, weights)
 
     def server_updates(self, state: ServerState, steps: list) -> list:
         """The states after each of ``steps`` ((updates, weights) pairs of one update each, as FedAsync
-        takes them) taken in a row: the states :meth:`server_update` gives one step after the
-        other. Under the mean, the steps' aggregates are computed at once (in chunks of at most
-        ``AGGREGATED_AT_ONCE`` numbers, whatever the model's size), and so are their steps when
-        the server direction is the aggregate and the optimizer is ``rowwise``."""
-        at_once = self.aggregator.name == "mean" and type(self).server_update is Algorithm.server_update
-        if not at_once:
-            states = []
-            for updates, weights in steps:
-                states.append(state := self.server_update(state, updates, weights))
-            return states
+        takes them) taken in a row under the mean aggregator: the states :meth:`server_update`
+        gives one step after the other. The steps' aggregates are computed at once (in chunks of
+        at most ``AGGREGATED_AT_ONCE`` numbers, whatever the model's size), and so are their steps
+        when the server step is the base class's with a ``rowwise`` optimizer."""
         index, optimizer = self.server_rule(state)
         rowwise = (index is None and optimizer.rowwise and type(self).server_rule is Algorithm.server_rule
-                   and type(self).server_direction is Algorithm.server_direction)
+                   and type(self).server_direction is Algorithm.server_direction
+                   and type(self).server_apply is Algorithm.server_apply)
         rows = max(1, AGGREGATED_AT_ONCE // steps[0][0].vector[0].numel())
         states = []
         for first in range(0, len(steps), rows):

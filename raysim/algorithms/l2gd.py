@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.aggregators import weighted_mean
 from raysim.algorithms.base import Algorithm
 from raysim.algorithms.context import ClientContext
 from raysim.algorithms.updates import ClientUpdates, ServerState
@@ -59,10 +58,11 @@ class L2GD(Algorithm):
                                                                 max_grad_norm=self.cfg.max_grad_norm))
         return ctx.updates(result, result.params, states={"model": result.params})
 
-    def server_update(self, state: ServerState, updates: ClientUpdates, weights: np.ndarray) -> ServerState:
-        """x̄ ← the weighted mean of the clients' models (no server optimizer)."""
-        mean = weighted_mean(updates.vector, weights).to(state.params.dtype)
-        return ServerState(mean, state.opt, {"round": state.extra["round"] + 1}, {})
+    def server_apply(self, state: ServerState, aggregate: torch.Tensor, aggregation: dict, updates: ClientUpdates,
+                     weights: np.ndarray) -> ServerState:
+        """x̄ ← the aggregate: the weighted mean of the clients' models (no server optimizer)."""
+        return ServerState(aggregate.to(state.params.dtype), state.opt, {"round": state.extra["round"] + 1}, {},
+                           aggregation)
 
     def client_models(self, state: ServerState, client_states: dict):
         return torch.stack([client_states[m]["model"] if m in client_states else state.params

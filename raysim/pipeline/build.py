@@ -15,11 +15,16 @@ def client_stages(cfg) -> tuple:
     return ()
 
 
+def aggregate_stages(cfg) -> tuple:
+    """The stages a server step's aggregate goes through before the server optimizer (none yet)."""
+    return ()
+
+
 def server_pipeline(cfg, algorithm, byzantine: np.ndarray) -> ServerPipeline:
     """The server step of scenario ``cfg``: client momentum (``algorithm.client_momentum`` > 0),
     then the Byzantine attack (when some client is Byzantine and the attack replaces updates),
-    then ``algorithm``'s aggregation and server optimizer. ``byzantine``: [N] the clients'
-    Byzantine flags (the system profile)."""
+    then ``algorithm``'s aggregation, the aggregate stages, and ``algorithm``'s server optimizer.
+    ``byzantine``: [N] the clients' Byzantine flags (the system profile)."""
     stages = []
     beta = getattr(cfg.algorithm, "client_momentum", 0.0)
     if beta:
@@ -32,4 +37,4 @@ def server_pipeline(cfg, algorithm, byzantine: np.ndarray) -> ServerPipeline:
                   if hasattr(cfg.algorithm, "aggregator") else "")
         stages.append(ByzantineAttack(attack, byzantine, cfg.system.byzantine.window if watches else None,
                                       not algorithm.aggregator.robust, advice))
-    return ServerPipeline(algorithm, tuple(stages), client_stages(cfg), byzantine, cfg)
+    return ServerPipeline(algorithm, tuple(stages), aggregate_stages(cfg), client_stages(cfg), byzantine, cfg)

@@ -1,6 +1,7 @@
-"""The server step as one pipeline: the server stages in order, then the algorithm's aggregation
-and server optimizer (:meth:`Algorithm.server_update`). Synchronous rounds, FedBuff buffers and
-FedAsync steps, one at a time or a window of them, all go through it."""
+"""The server step as one pipeline: the update stages in order, the algorithm's aggregation rule,
+the aggregate stages in order, then the algorithm's :meth:`server_apply` (its direction and server
+optimizer). Synchronous rounds, FedBuff buffers and FedAsync steps, one at a time or a window of
+them, all go through it."""
 
 from __future__ import annotations
 
@@ -8,22 +9,24 @@ import numpy as np
 
 from raysim.algorithms import ClientUpdates, ServerState
 from raysim.errors import DivergenceError
-from raysim.pipeline.stage import ServerInput
+from raysim.pipeline.stage import Aggregate, ServerInput
 
 
 class ServerPipeline:
-    """``stages`` (server :class:`~.stage.Stage` objects) then ``algorithm``'s server update;
-    ``client_stages``: what clients run before upload (for the bytes they declare); ``byzantine``
-    [N] and ``cfg`` (the scenario) word a divergence. States are passed in and returned: the
-    server state, and the stages' states as ``{stage name: state}``."""
+    """``stages`` (update :class:`~.stage.Stage` objects), ``algorithm``'s aggregation rule,
+    ``aggregate_stages`` (:class:`~.stage.AggregateStage` objects), then ``algorithm``'s
+    :meth:`server_apply`; ``client_stages``: what clients run before upload (for the bytes they
+    declare); ``byzantine`` [N] and ``cfg`` (the scenario) word a divergence. States are passed in
+    and returned: the server state, and the stages' states as ``{stage name: state}``."""
 
-    def __init__(self, algorithm, stages: tuple, client_stages: tuple, byzantine: np.ndarray, cfg):
-        self.algorithm, self.stages, self.client_stages = algorithm, stages, client_stages
-        self.byzantine, self.cfg = byzantine, cfg
+    def __init__(self, algorithm, stages: tuple, aggregate_stages: tuple, client_stages: tuple, byzantine: np.ndarray,
+                 cfg):
+        self.algorithm, self.stages, self.aggregate_stages = algorithm, stages, aggregate_stages
+        self.client_stages, self.byzantine, self.cfg = client_stages, byzantine, cfg
 
     def init(self) -> dict:
         """The stages' states before the first step."""
-        return {stage.name: stage.init() for stage in self.stages}
+        return {stage.name: stage.init() for stage in (*self.stages, *self.aggregate_stages)}
 
     @property
     def judges_each_update(self) -> bool:
@@ -34,8 +37,9 @@ class ServerPipeline:
     @property
     def takes_steps_together(self) -> bool:
         """Whether :meth:`steps` takes a run of one-update steps at once: no stage acts on the
-        updates and the model is not checked after each step (the mean aggregator)."""
-        return not self.stages and self.judges_each_update
+        updates or their aggregate, and the aggregator is the mean (the model is not checked after
+        each step)."""
+        return not self.stages and not self.aggregate_stages and self.judges_each_update
 
     def upload_bytes(self, nbytes: int) -> int:
         """The bytes a client uploads for an update of ``nbytes``, as the stages declare them."""
@@ -51,7 +55,11 @@ class ServerPipeline:
         step, states = ServerInput(updates, weights, version), dict(states)
         for stage in self.stages:
             step, states[stage.name] = stage.update(step, states[stage.name])
-        server = self.algorithm.server_update(server, step.updates, step.weights)
+        vector, aggregation = self.algorithm.aggregator(step.updates.vector, step.weights, server.aggregation)
+        aggregate = Aggregate(vector, step)
+        for stage in self.aggregate_stages:
+            aggregate, states[stage.name] = stage.update(aggregate, states[stage.name])
+        server = self.algorithm.server_apply(server, aggregate.vector, aggregation, step.updates, step.weights)
         if not self.judges_each_update and not bool(server.params.isfinite().all()):
             self._model_diverged(step)
         return server, states
