@@ -17,7 +17,7 @@ from raysim.algorithms import ClientUpdates
 from raysim.data import build_dataset
 from raysim.engine.asynchronous import AsyncDriver
 from raysim.engine.runtime import LocalRuntime
-from raysim.pipeline import build
+from raysim.pipeline import build, per_client
 from raysim.pipeline.attack import ByzantineAttack
 from raysim.pipeline.client import ClientStage
 from raysim.pipeline.momentum import ClientMomentum
@@ -185,3 +185,31 @@ def test_a_window_of_steps_goes_through_the_aggregate_stages(tmp_path, monkeypat
         aggregate = scheduler.algorithm.aggregator(updates.vector, weights, plain.aggregation)[0] + shift
         plain = scheduler.algorithm.server_apply(plain, aggregate, plain.aggregation, updates, weights)
         assert torch.equal(got.params, plain.params)
+
+
+def test_per_client_state_is_a_persistent_tree_that_copies_only_the_paths_it_sets():
+    """Setting some clients' values gives a new tree sharing every node off their paths and leaves
+    the old tree as it was; at most FANOUT clients: the tree is {client id: value} itself."""
+    assert [per_client.levels_for(n) for n in (1, 64, 65, 4096, 4097)] == [1, 1, 2, 2, 3]
+    assert per_client.updated({}, {3: "a", 7: "b"}, 1) == {3: "a", 7: "b"}
+    levels = per_client.levels_for(10_000)
+    first = per_client.updated({}, {c: c for c in range(0, 10_000, 7)}, levels)
+    second = per_client.updated(first, {5: -5, 9_999: -1, 7: -7}, levels)
+    assert [per_client.value_of(first, c, levels) for c in (5, 7, 9_999, 14)] == [None, 7, None, 14]
+    assert [per_client.value_of(second, c, levels) for c in (5, 7, 9_999, 14, 6)] == [-5, -7, -1, 14, None]
+    assert second[0][0] is not first[0][0] and second[1] is first[1]  # client 4096 + …: untouched, shared
+    assert sum(1 for top in first.values() for mid in top.values() for _ in mid) == len(range(0, 10_000, 7))
+
+
+def test_client_momentum_with_many_clients_keeps_each_clients_running_average():
+    """Beyond FANOUT clients the momentum of a client is found in the tree and moves as m ← (1 − β)·u + β·m,
+    a client twice in one step (a FedBuff buffer) taken row by row."""
+    stage, size = ClientMomentum(0.5, 5000), 3
+    rows = torch.arange(12, dtype=torch.float32).reshape(4, size)
+    step = ServerInput(_updates([4000, 4000, 17, 4999], rows), np.full(4, 0.25), 0)
+    sent, state = stage.update(step, stage.init())
+    assert torch.equal(sent.updates.vector[1], 0.5 * rows[1] + 0.5 * (0.5 * rows[0]))
+    again, after = stage.update(ServerInput(_updates([17], rows[:1]), np.ones(1), 1), state)
+    assert torch.equal(again.updates.vector[0], 0.5 * rows[0] + 0.5 * (0.5 * rows[2]))
+    assert torch.equal(per_client.value_of(state["vectors"], 17, stage.levels), sent.updates.vector[2])
+    assert torch.equal(per_client.value_of(after["vectors"], 4000, stage.levels), sent.updates.vector[1])

@@ -21,7 +21,7 @@ def event_columns(diagnostics: tuple, numbers: dict, **columns) -> dict:
     ``numbers`` (NaN for a name ``numbers`` lacks: tasks that returned no update)."""
     if set(columns) != set(TASK_COLUMNS):
         raise TypeError(f"event rows need the columns {sorted(TASK_COLUMNS)}, got {sorted(columns)}")
-    rows = len(columns["client_id"])
     out = {name: np.asarray(columns[name], dtype=dtype) for name, dtype in TASK_COLUMNS.items()}
-    return {**out, **{name: np.asarray(numbers[name]) if name in numbers else np.full(rows, math.nan)
-                      for name in diagnostics}}
+    for name in diagnostics:
+        out[name] = np.asarray(numbers[name]) if name in numbers else np.full(len(out["client_id"]), math.nan)
+    return out

@@ -28,7 +28,7 @@ def server_pipeline(cfg, algorithm, byzantine: np.ndarray) -> ServerPipeline:
     stages = []
     beta = getattr(cfg.algorithm, "client_momentum", 0.0)
     if beta:
-        stages.append(ClientMomentum(beta))
+        stages.append(ClientMomentum(beta, len(byzantine)))
     attack = Attack(cfg.system.byzantine, cfg.seed)
     if byzantine.any() and attack.replaces_updates:
         ex = cfg.execution

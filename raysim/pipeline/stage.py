@@ -5,7 +5,7 @@ before aggregation; aggregate stages (:class:`AggregateStage`) act on the aggreg
 algorithm's aggregation rule and before its server optimizer. ``init()`` gives the stage's state;
 ``update(x, state)`` gives ``x`` (the step, or its aggregate) as the stage passes it on and the
 stage's new state, and never changes either argument in place. The state is plain
-content (tensors, numbers, lists, dicts; per-client state as ``{client id: tensor}``), so the run
+content (tensors, numbers, lists, dicts; per-client state as a :mod:`.per_client` tree), so the run
 state saves and loads it whole. A stage that draws numbers draws them from its own stream,
 keyed by the server step (``step.version``), never from a shared generator. An update stage's
 ``upload_bytes`` declares what it does to the bytes a client uploads (an encoding stage: fewer; secure
