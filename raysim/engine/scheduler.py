@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
-import torch
 from raysim.config import scenario_object
 
 from raysim.algorithms import make_algorithm
