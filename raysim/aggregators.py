@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from raysim.algorithms.keys import floor_share, largest_f
+from raysim.robust_f import floor_share, largest_f
 
 
 def _weight_list(weights) -> list:
@@ -201,16 +201,6 @@ def bulyan(updates: torch.Tensor, weights=None, *, f: int = 0) -> torch.Tensor:
     closeness = (selected - _coordinate_median(selected)).abs().sort(dim=0, stable=True).indices
     closest = selected.gather(0, closeness[:len(picked) - 2 * f])
     return _scaled(closest.mean(dim=0), weights)
-
-
-def capped_f(n: int, f: int, rule) -> int:
-    """The largest f' <= f that ``rule`` (a name or function: krum, multi_krum, bulyan) accepts for n updates;
-    with n <= 2 krum and multi_krum take any f (the mean), other rules take no f: both get f back. For a short
-    last buffer; multi_krum's m must also stay <= n − f'."""
-    name = getattr(rule, "__name__", rule)
-    if (name in ("krum", "multi_krum") and n > 2) or name == "bulyan":
-        return max(0, min(f, largest_f(name, n)))
-    return f
 
 
 def bucketing(updates: torch.Tensor, weights=None, *, rule, bucket_size: int, rng: np.random.Generator,

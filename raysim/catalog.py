@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import inspect
-import os
-import sys
+import math
 import typing
 
 from raysim.algorithms import keys
 from raysim.data.leaf import FEMNIST_SHAPE, SHAKESPEARE_LENGTH  # the shapes char_lstm and femnist_cnn take
 from raysim.errors import ScenarioError
+from raysim.importing import import_object
 
 MODELS = {
     "logreg": "multinomial logistic regression (one Linear layer)",
@@ -55,42 +53,6 @@ ALGORITHMS = {  # name -> (implementation "module:Class", its keys); the one reg
     "l2gd": ("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys),
     "perfedavg": ("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
 }
-
-
-def import_object(path: str, target: str, what: str):
-    """The object that ``target`` (``package.module:name``) names; the scenario key ``path`` is
-    blamed, with ``what`` the kind of object expected, when it cannot be imported."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ScenarioError(path, target, f"a built-in name or package.module:name of {what}")
-    if os.getcwd() not in sys.path:  # as `python -m` does: modules of the directory the run starts in
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise ScenarioError(path, target, f"an importable module ({type(exc).__name__}: {exc})") from None
-    try:
-        return functools.reduce(getattr, attr.split("."), module)
-    except AttributeError:
-        raise ScenarioError(path, target, f"a name that module {module_name} defines ({what})") from None
-
-
-def import_callable(path: str, target: str, what: str, allowed: str, *args, **kwargs):
-    """``import_object(path, target, what)``, checked to take ``(*args, **kwargs)``: otherwise one
-    error line that blames ``path`` and says what is ``allowed``."""
-    function = import_object(path, target, what)
-    try:
-        inspect.signature(function).bind(*args, **kwargs)
-    except (TypeError, ValueError) as exc:  # ValueError: not a function, or one without a signature
-        raise ScenarioError(path, target, f"{allowed} ({exc})") from None
-    return function
-
-
-def call_imported(path: str, target: str, what: str, *args, **kwargs):
-    """``import_object(path, target, what)(*args, **kwargs)``; ``path`` is blamed when the object
-    cannot take those arguments (errors raised inside it are the user's and go through)."""
-    taking = ", ".join([f"{len(args)} positional arguments"] * bool(args) + [f"{k}=" for k in kwargs])
-    return import_callable(path, target, what, f"{what}, called with {taking}", *args, **kwargs)(*args, **kwargs)
 
 
 def algorithm_class(name: str):
@@ -146,11 +108,10 @@ def _log_columns() -> dict:
     """{kind of diagnostics: (the log it adds columns to, the columns that log has already)}."""
     from omegaconf import OmegaConf
 
-    from raysim.config import Scenario
-    from raysim.metrics.output import EVENTS_SCHEMA, ROUNDS_SCHEMA
-    from raysim.system import SystemModel
+    from raysim.metrics.output import EVENTS_SCHEMA, ROUNDS_SCHEMA  # pyarrow: only for a custom algorithm
+    from raysim.system import SystemConfig, SystemModel
 
-    profile = SystemModel(OmegaConf.structured(Scenario).system, 1, 0).profile  # each event row's client fields
+    profile = SystemModel(OmegaConf.structured(SystemConfig), 1, 0).profile  # each event row's client fields
     return {"server_diagnostics": ("rounds.parquet", set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"}),
             "client_diagnostics": ("events.parquet", {*EVENTS_SCHEMA.names, *profile})}
 
@@ -217,3 +178,59 @@ def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: 
     if kind == "resnet18_gn" and len(shape) != 3:
         raise ScenarioError("model.kind", kind, "image data of shape [channels, height, width] (cifar10, cifar100, "
                             f"synthetic_images, or parquet with data.image_shape set) {seen}")
+
+
+def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list]:
+    """(parameters, widths of the hidden layers) of the model :func:`raysim.models.build_model`
+    builds for data of shape ``features`` with ``classes`` classes, counted without building it
+    (LoRA adapters counted on every Linear layer but the output layer; a custom kind: (0, []))."""
+    kind, flat = model_cfg.kind, math.prod(features)
+    if kind == "quadratic":
+        return sum(features), []
+    if kind == "bilinear":
+        return flat + flat * flat, []  # w1 [d], W2 [d, d]
+    body, widths, linear = 0, [], [flat, classes]  # body: the parameters before the Linear layers
+    if kind == "mlp":
+        widths = list(model_cfg.hidden)
+        linear = [flat, *widths, classes]
+    elif kind == "cnn" and len(features) == 3:
+        channels, height, width = features
+        for out in model_cfg.channels:
+            body += channels * out * 9 + out  # 3x3 kernels and a bias
+            widths.append(out * height * width)
+            if min(height, width) >= 2:
+                height, width = height // 2, width // 2  # max-pooling
+            channels = out
+        linear = [channels * height * width, classes]
+    elif kind == "char_lstm":  # embedding V x 8; per LSTM layer (in 8, then 256) 4·256·(in + 256) weights, 2 biases
+        body = classes * 8 + sum(4 * 256 * (n_in + 256) + 2 * 4 * 256 for n_in in (8, 256))
+        steps = SHAKESPEARE_LENGTH  # 80 steps x 2 layers: 4 gates, c and h
+        widths, linear = [steps * 8, steps * 2 * 6 * 256], [256, classes]
+    elif kind == "femnist_cnn":  # 5x5 convolutions 1 -> 32 -> 64 (with biases), each 2x2 max-pooled, dense 2048
+        body = (25 * 1 * 32 + 32) + (25 * 32 * 64 + 64)
+        widths, linear = [32 * 28 * 28, 64 * 14 * 14, 2048], [64 * 7 * 7, 2048, classes]
+    elif kind == "resnet18_gn" and len(features) == 3:
+        body, widths = _resnet18_gn_body(*features)
+        linear = [512, classes]
+    elif kind != "logreg":
+        return 0, []
+    layers = list(zip(linear, linear[1:]))
+    count = body + sum(i * o + o for i, o in layers)
+    if model_cfg.personal == "adapter":
+        count += sum(model_cfg.adapter_rank * (i + o) for i, o in layers[:-1])
+    return count, widths
+
+
+def _resnet18_gn_body(channels: int, height: int, width: int) -> tuple[int, list]:
+    """(parameters, convolution output sizes) of ResNet18GN before its Linear layer: a bias-free 3x3 stem
+    to 64 channels with GroupNorm (γ, β), then per stage (64, 128, 256, 512 channels; stride 2 from the
+    second) two blocks of two bias-free 3x3 convolutions with GroupNorm, the first block with a 1x1
+    convolution and GroupNorm as shortcut where the width changes."""
+    count, sizes, n_in = 9 * channels * 64 + 2 * 64, [64 * height * width], 64
+    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        height, width = -(-height // stride), -(-width // stride)
+        shortcut = n_in * planes + 2 * planes if n_in != planes else 0
+        count += 9 * planes * (n_in + 3 * planes) + 8 * planes + shortcut  # 4 convolutions, 4 GroupNorms
+        sizes += [planes * height * width] * (4 + bool(shortcut))
+        n_in = planes
+    return count, sizes

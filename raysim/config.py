@@ -22,13 +22,21 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
+from raysim.algorithms.keys import check_aggregator
+from raysim.catalog import (ACTIVATIONS, ALGORITHMS, MODELS, PERSONAL_MODES, algorithm_keys, check_init,
+                            parameter_count)
+from raysim.data import DATASETS
+from raysim.data._checks import check_num_clients
 from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES, PARTITIONED_FILES, own_split
 from raysim.data.generated import LAWS
+from raysim.data.partition import PARTITIONERS
+from raysim.data.sizes import data_shape
 from raysim.errors import ScenarioError, first_line
-from raysim.algorithms.keys import check_aggregator
+from raysim.importing import import_object
 from raysim.schema import (INT64_MAX, Check, Rule, check_numbers, check_values, field_of, inapplicable, key,
                            non_negative, non_negative_int, one_of, positive, positive_int, require, require_one_of,
                            when)
+from raysim.system import validate_system
 from raysim.system.config import OMNISCIENT_ATTACKS, SystemConfig, byzantine_count
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
@@ -41,6 +49,7 @@ SYNC, ASYNC = when("execution.mode", "sync"), when("execution.mode", "async")
 EMBEDDED = when("runtime.address", None)  # a cluster joined at runtime.address declares its own resources
 ON_RAY = when("runtime.backend", "ray")  # keys of Ray's actors and cluster, which the local backend does without
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
+CURVATURE_MAX_PARAMETERS = 2000  # eval.curvature's full float64 Hessian: at most 32 MB, and P passes per evaluation
 PATH_PARTS = re.compile(r"([^.\[\]]+)|\[(\d+)\]")  # a dotted key's names and list indices: model.hidden[1]
 
 
@@ -347,8 +356,6 @@ def _take_algorithm(layer: DictConfig) -> DictConfig:
 
 def _algorithm_section(layers: list) -> DictConfig:
     """The ``algorithm`` section: the named algorithm's keys with the layers' values merged on."""
-    from raysim.catalog import algorithm_keys
-
     name = "fedavg"
     for layer in layers:
         if "name" in layer:
@@ -472,8 +479,6 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
 def _suggestion(path: str, name: str, schema: DictConfig) -> tuple[str, bool]:
     """For an unknown key: in the algorithm section, the built-in algorithms that take it; else a
     close name among the section's keys. True with the first: the key is another algorithm's."""
-    from raysim.catalog import ALGORITHMS
-
     owners = [n for n, (_, keys) in ALGORITHMS.items() if field_of(keys, name)] if path.startswith("algorithm.") else []
     if owners:
         return f" ({name} is a key of {', '.join(owners)})", True
@@ -532,8 +537,6 @@ def _type_name(declared) -> str:
 def _custom_or_one_of(path: str, name: str, builtins, options, what: str) -> None:
     """``name`` is a built-in, or ``package.module:function`` that imports to a callable; the
     section's ``options`` (keyword arguments) are only for such a function."""
-    from raysim.catalog import import_object
-
     if ":" not in name:
         require_one_of(path, name, builtins)
         section = path.rsplit(".", 1)[0]
@@ -541,6 +544,19 @@ def _custom_or_one_of(path: str, name: str, builtins, options, what: str) -> Non
                 f"with a custom {path}: package.module:function; here {path} = {name!r})")
     elif not callable(import_object(path, name, what)):
         raise ScenarioError(path, name, what)
+
+
+def check_curvature(size: int) -> None:
+    """``eval.curvature`` needs a full Hessian: refuse models of more than CURVATURE_MAX_PARAMETERS parameters."""
+    if size > CURVATURE_MAX_PARAMETERS:
+        raise ScenarioError("eval.curvature", True, f"false for a model of {size} parameters (a full Hessian: at "
+                                                    f"most {CURVATURE_MAX_PARAMETERS})")
+
+
+def model_size(cfg) -> int:
+    """Parameters of the scenario's model, counted from its keys (0 for a custom model or data kind)."""
+    _, features, classes, _, _ = data_shape(cfg.data)
+    return parameter_count(cfg.model, features, classes)[0]
 
 
 def check_clients_per_round(cfg, num_clients: int) -> None:
@@ -560,13 +576,6 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
     paths the scenario sets) would be ignored; raise ScenarioError on the first bad one (for
     one of ``unsettable``, set by the scenario rather than an override, it names ``~KEY``)."""
-    from raysim.catalog import ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_keys, check_init
-    from raysim.data import DATASETS
-    from raysim.data._checks import check_num_clients
-    from raysim.data.partition import PARTITIONERS
-    from raysim.footprint import check_curvature, model_size
-    from raysim.system import validate_system
-
     require(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
             "a non-empty name of letters, digits, '.', '_' or '-'")
     require(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
@@ -687,7 +696,7 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
 
     require(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     check_values(cfg, OutputConfig, "output")
-    from raysim.metrics.tensorboard import check_tensorboard
+    from raysim.metrics.tensorboard import check_tensorboard  # pyarrow: loaded by the run, not by validation
 
     check_tensorboard(cfg.output)
 
@@ -733,8 +742,6 @@ def _check_byzantine(cfg: DictConfig) -> None:
 def scenario_object(container: dict) -> Scenario:
     """A validated scenario (as a plain dict) as plain dataclasses: fast attribute access for
     the hot paths of the scheduler and the client hosts (``algorithm``: its keys dataclass)."""
-    from raysim.catalog import algorithm_keys
-
     scenario = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Scenario), container))
     algorithm = container["algorithm"]
     scenario.algorithm = algorithm_keys(algorithm["name"])(**algorithm)
@@ -744,8 +751,6 @@ def scenario_object(container: dict) -> Scenario:
 def to_yaml(cfg: DictConfig) -> str:
     """The resolved scenario as YAML text, without the keys this scenario ignores (another data
     kind's, mode's or algorithm's), so that ``raysim run`` of the saved file runs it again."""
-    from raysim.catalog import algorithm_keys
-
     keys = algorithm_keys(cfg.algorithm.name)
     content = OmegaConf.to_container(cfg, resolve=True)
     for path in _leaf_paths(cfg):

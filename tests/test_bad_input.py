@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from raysim.catalog import ALGORITHMS
+from raysim.catalog import ALGORITHMS, parameter_count
 from raysim.cli import main
 from raysim.config import Scenario, load_scenario
 from raysim.data import build_dataset
 from raysim.data.parquet import load_parquet, parquet_shape
 from raysim.errors import ScenarioError
-from raysim.footprint import check_fits, estimate, parameter_count, summary
+from raysim.footprint import check_fits, estimate, summary
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "scenarios" / "quickstart.yaml")
@@ -412,7 +412,8 @@ def _file_data_set(kind: str, path: Path) -> tuple[int, tuple]:
 
 @pytest.mark.parametrize("kind", ["mnist", "cifar10", "cifar100"])
 def test_image_files_are_sized_from_their_headers_and_sizes(tmp_path, kind):
-    from raysim.footprint import BUILD_FACTOR, ROW_BYTES
+    from raysim.data.sizes import ROW_BYTES
+    from raysim.footprint import BUILD_FACTOR
 
     rows, shape = _file_data_set(kind, tmp_path / "d")
     cfg = scenario(f"data.kind={kind}", f"data.path={tmp_path / 'd'}", "data.num_clients=3",

@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from raysim.data import DATASETS, PARTITIONERS, FederatedDataset, build_dataset, partition
-from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
+from raysim.data.generated import gaussian_mixture, leaf_synthetic
+from raysim.data.generators import blobs, digits
 from raysim.data.parquet import load_parquet
 from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from raysim import aggregators
-from raysim.algorithms.keys import default_f
-from raysim.catalog import import_object
+from raysim.importing import import_object
+from raysim.robust_f import capped_f, default_f
 from raysim.streams import Purpose, stream
 
 
@@ -24,7 +24,7 @@ class ServerAggregator:
     """``(vectors [K, U], weights [K], state) -> (aggregate [U] float64, new state)``.
 
     ``byzantine_share``: the share of Byzantine clients, for Krum's and Bulyan's f when
-    ``algorithm.byzantine_f`` is null (:func:`~raysim.algorithms.keys.default_f`); f is capped
+    ``algorithm.byzantine_f`` is null (:func:`~raysim.robust_f.default_f`); f is capped
     where a step has too few inputs for it (a deadline round, FedBuff's last partial buffer, few
     buckets)."""
 
@@ -60,7 +60,7 @@ class ServerAggregator:
     def _f(self, updates: int, inputs: int) -> int:
         """f for a step of ``updates`` updates reduced as ``inputs`` inputs (buckets)."""
         f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else default_f(self.share, updates)
-        return aggregators.capped_f(inputs, f, self.name)
+        return capped_f(inputs, f, self.name)
 
     def __call__(self, vectors: torch.Tensor, weights: np.ndarray, state: dict) -> tuple[torch.Tensor, dict]:
         if self.name == "mean":

@@ -13,17 +13,19 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 from omegaconf import OmegaConf
 
+from raysim.data.files import CLIENTS_FROM_FILES
 from raysim.errors import ScenarioError
-from raysim.system.config import byzantine_count
+from raysim.importing import import_callable
+from raysim.robust_f import default_f, largest_f
 from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,
                            positive_int, unit_interval, when)
+from raysim.system.config import byzantine_count
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 ADAPTIVE = ("adam", "yogi", "adagrad")
@@ -167,23 +169,6 @@ class AggregatorKeys:
                                              when=_aggregator(*AGGREGATOR_NAMES, negate=True))
 
 
-def floor_share(share: float, count: int) -> int:
-    """⌊share × count⌋, rounded to 9 decimals first so that 0.29 × 100 gives 29, not 28."""
-    return math.floor(round(share * count, 9))
-
-
-def default_f(share: float, updates: int) -> int:
-    """Krum's and Bulyan's f when ``algorithm.byzantine_f`` is null: ⌊share × updates⌋, the Byzantine
-    updates a step of ``updates`` holds on average (with bucketing each may spoil a bucket)."""
-    return floor_share(share, updates)
-
-
-def largest_f(rule: str, n: int) -> int:
-    """The most Byzantine inputs f that ``rule`` accepts among ``n``: krum and multi_krum keep
-    n − f − 2 >= 1 neighbours (f <= n − 3); bulyan needs n >= 4f + 3 (f <= ⌊(n − 3) / 4⌋)."""
-    return (n - 3) // 4 if rule == "bulyan" else n - 3
-
-
 def check_aggregator(cfg, num_clients: int) -> None:
     """The aggregator exists; the median, trimmed mean and geometric median have two inputs or more
     in a full step (``clients_per_round`` updates, or ``buffer_size`` under FedBuff, divided into
@@ -191,8 +176,6 @@ def check_aggregator(cfg, num_clients: int) -> None:
     ``num_clients``."""
     a, e, b = cfg.algorithm, cfg.execution, cfg.system.byzantine
     if ":" in a.aggregator:
-        from raysim.catalog import import_callable
-
         import_callable("algorithm.aggregator", a.aggregator, "an aggregator function",  # as the server step calls it
                         "a function (updates, weights, **algorithm.aggregator_options)", None, None,
                         **dict(a.aggregator_options or {}))
@@ -392,8 +375,6 @@ class L2GDKeys(QuadraticUnitKeys, StepKeys):
             require_local_steps(cfg, "p defaults to 1/local_steps")
         if e.mode != "sync":
             raise ScenarioError("execution.mode", e.mode, "sync for algorithm.name=l2gd")
-        from raysim.data.files import CLIENTS_FROM_FILES
-
         if d.kind not in CLIENTS_FROM_FILES and e.clients_per_round != d.num_clients:
             raise ScenarioError("execution.clients_per_round", e.clients_per_round,
                                 f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")

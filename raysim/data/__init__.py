@@ -12,14 +12,15 @@ import numpy as np
 from raysim.data.cifar import CIFAR_FORMATS, load_cifar
 from raysim.data.federated import ClientRows, FederatedDataset
 from raysim.data.files import DATA_FILES
-from raysim.data.generated import LAWS, ON_DEMAND_ABOVE, GeneratedDataset
-from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
+from raysim.data.generated import LAWS, ON_DEMAND_ABOVE, GeneratedDataset, gaussian_mixture, leaf_synthetic, saddle
+from raysim.data.generators import blobs, digits
 from raysim.data.idx import load_mnist
 from raysim.data.leaf import load_leaf
 from raysim.data.parquet import load_parquet
 from raysim.data.partition import PARTITIONERS, partition
-from raysim.data.saddle import saddle
+from raysim.data.sizes import table_bytes
 from raysim.errors import ScenarioError
+from raysim.importing import call_imported
 
 __all__ = ["DATASETS", "DATA_FILES", "PARTITIONERS", "ClientRows", "FederatedDataset", "GeneratedDataset",
            "QuadraticProblem", "blobs", "build_dataset", "builds_on_demand", "digits", "gaussian_mixture",
@@ -138,16 +139,12 @@ def builds_on_demand(data_cfg) -> bool:
     if data_cfg.kind not in LAWS and data_cfg.kind != "quadratic":
         return False
     if data_cfg.on_demand == "auto":
-        from raysim.footprint import table_bytes
-
         return table_bytes(data_cfg) > ON_DEMAND_ABOVE
     return bool(data_cfg.on_demand)
 
 
 def _custom(data_cfg, seed: int) -> FederatedDataset:
     """A user's ``package.module:function(num_clients=, test_fraction=, seed=, **data.options)``."""
-    from raysim.catalog import call_imported
-
     what = "a function returning a raysim.data.FederatedDataset"
     options = dict(getattr(data_cfg, "options", None) or {})
     dataset = call_imported("data.kind", data_cfg.kind, what, num_clients=data_cfg.num_clients,
