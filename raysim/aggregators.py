@@ -20,6 +20,7 @@ import math
 import numpy as np
 import torch
 
+from raysim.algorithms.rules import RULES
 from raysim.robust_f import floor_share, largest_f
 
 
@@ -220,5 +221,5 @@ def bucketing(updates: torch.Tensor, weights=None, *, rule, bucket_size: int, rn
     return rule(vectors, np.array([math.fsum(shares[b]) for b in buckets]), **params)
 
 
-AGGREGATORS = {"mean": mean, "median": median, "trimmed_mean": trimmed_mean, "krum": krum, "multi_krum": multi_krum,
-               "geometric_median": geometric_median, "centered_clipping": centered_clipping, "bulyan": bulyan}
+AGGREGATORS = {name: globals()[rule.function.rpartition(":")[2]]  # the built-in rules are this module's functions
+               for name, rule in RULES.items()}

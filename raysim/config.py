@@ -479,7 +479,8 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
 def _suggestion(path: str, name: str, schema: DictConfig) -> tuple[str, bool]:
     """For an unknown key: in the algorithm section, the built-in algorithms that take it; else a
     close name among the section's keys. True with the first: the key is another algorithm's."""
-    owners = [n for n, (_, keys) in ALGORITHMS.items() if field_of(keys, name)] if path.startswith("algorithm.") else []
+    owners = ([n for n, builtin in ALGORITHMS.items() if field_of(builtin.keys, name)]
+              if path.startswith("algorithm.") else [])
     if owners:
         return f" ({name} is a key of {', '.join(owners)})", True
     close = difflib.get_close_matches(name, [str(k) for k in schema.keys()], n=1)

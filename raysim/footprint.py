@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from raysim.catalog import algorithm_class, algorithm_keys, parameter_count
+from raysim.catalog import ALGORITHMS, algorithm_class, algorithm_keys, parameter_count
 from raysim.config import Scenario, actors_that_fit
 from raysim.data import builds_on_demand
 from raysim.data._checks import QUADRATIC_THREADS
@@ -53,8 +53,6 @@ CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update,
 ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
 CLIENT_BOOKKEEPING = 128  # bytes per registered client: sizes, offsets, system profile
 KEPT_ENTRY = 512  # bytes per kept client state besides its tensors (dict, tensor objects)
-KEPT_VECTORS = {"scaffold": 1, "feddyn": 1, "l2gd": 1}  # parameter-sized vectors kept per client
-PERSONAL_KEEPERS = ("ffgg", "local_ffgg")  # keep w (at most the parameters) with model.personal_state: stateful
 
 
 @dataclass(frozen=True)
@@ -217,11 +215,11 @@ def _visits(cfg) -> float:
 def _kept_vectors(cfg) -> int:
     """Parameter-sized vectors the algorithm keeps per visited client."""
     name = cfg.algorithm.name
-    if name in PERSONAL_KEEPERS:
-        return int(cfg.model.personal_state == "stateful")
-    if ":" in name:
+    if name not in ALGORITHMS:
         return int(bool(algorithm_class(name).stateful))  # imported already: its Keys were validated
-    return KEPT_VECTORS.get(name, 0)
+    if ALGORITHMS[name].keeps_personal:  # w, at most the parameters
+        return int(cfg.model.personal_state == "stateful")
+    return ALGORITHMS[name].kept_vectors
 
 
 def _blame(cfg, part: Part) -> tuple:

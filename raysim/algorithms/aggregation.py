@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from raysim import aggregators
+from raysim.algorithms.rules import RULES
 from raysim.importing import import_object
 from raysim.robust_f import capped_f, default_f
 from raysim.streams import Purpose, stream
@@ -32,30 +33,20 @@ class ServerAggregator:
         self.name = getattr(cfg, "aggregator", "mean")
         self.bucket_size = getattr(cfg, "bucket_size", 1)
         self.seed, self.share, self.cfg = int(seed), float(byzantine_share), cfg
-        if ":" in self.name:
+        declared = RULES.get(self.name)
+        self.takes_f = declared is not None and declared.takes_f
+        if declared is None:
             self.rule, self.params = import_object("algorithm.aggregator", self.name, "an aggregator"), \
                 dict(cfg.aggregator_options)
-        else:
-            self.rule, self.params = aggregators.AGGREGATORS[self.name], self._params()
+        else:  # the rule's keyword arguments from its keys (AggregatorKeys; their defaults live there)
+            self.rule = import_object("algorithm.aggregator", declared.function, "an aggregator")
+            self.params = {arg: getattr(cfg, name) for arg, name in declared.params.items()}
 
     @property
     def robust(self) -> bool:
         """Whether a non-finite update may be absorbed (anything but the mean): divergence is then
         judged on the model, not per update."""
         return self.name != "mean"
-
-    def _params(self) -> dict:
-        """The rule's keyword arguments from its keys (AggregatorKeys; their defaults live there)."""
-        c = self.cfg
-        if self.name == "trimmed_mean":
-            return {"trim": c.trim}
-        if self.name == "multi_krum":
-            return {"m": c.krum_m}
-        if self.name == "geometric_median":
-            return {"nu": c.gm_nu, "iterations": c.gm_iterations}
-        if self.name == "centered_clipping":
-            return {"radius": c.clip_radius, "iterations": c.clip_iterations}
-        return {}
 
     def _f(self, updates: int, inputs: int) -> int:
         """f for a step of ``updates`` updates reduced as ``inputs`` inputs (buckets)."""
@@ -68,7 +59,7 @@ class ServerAggregator:
         step = state.get("steps", 0)
         params = dict(self.params)
         inputs = -(-len(vectors) // self.bucket_size)
-        if self.name in ("krum", "multi_krum", "bulyan"):
+        if self.takes_f:
             params["f"] = self._f(len(vectors), inputs)
         if self.name == "multi_krum" and params["m"] is not None:
             params["m"] = min(params["m"], inputs - params["f"])
