@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from raysim.catalog import ALGORITHMS, algorithm_class, algorithm_keys, parameter_count
-from raysim.config import Scenario, actors_that_fit
-from raysim.data import builds_on_demand
+from raysim.scenario.schema import Scenario, actors_that_fit
+from raysim.data.build import builds_on_demand
 from raysim.data._checks import QUADRATIC_THREADS
-from raysim.data.files import DATA_FILES
+from raysim.data.kinds import DATA_FILES
 from raysim.data.leaf import leaf_files
 from raysim.data.sizes import data_shape, quadratic_client_bytes, table_bytes
 from raysim.errors import ScenarioError

@@ -1,9 +1,13 @@
 """The import graph of raysim/ and actors/ has no cycles: every import of a raysim or actors module,
-at module level or inside a function, read from the source with ``ast``."""
+at module level or inside a function, read from the source with ``ast``; and the scenario's schema
+imports light."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,3 +114,42 @@ def test_no_import_cycles():
     shown = ["; ".join(f"{a} -> {b} (line {graph[a][b]})" for a in component for b in graph[a] if b in component)
              for component in found]
     assert not found, "import cycles:\n" + "\n".join(shown)
+
+
+def test_importing_the_scenario_schema_loads_no_data_loader_torch_or_pyarrow():
+    code = ("import sys, raysim.scenario; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyarrow')"
+            " or m.startswith(('raysim.data.', 'raysim.models', 'raysim.engine')) and m != 'raysim.data.kinds'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    assert out.strip() == "[]"
+    assert "Scenario" in dir(__import__("raysim.scenario").scenario)
+
+
+LAYERS = (  # bottom up; a module sits in the layer of the longest name that holds it (NAME$: that module alone)
+    ("raysim.errors", "raysim.importing", "raysim.robust_f", "raysim.streams", "raysim.threads", "raysim.import_path",
+     "raysim.schema", "raysim.data.kinds", "raysim.algorithms.rules", "raysim.system.config", "raysim.algorithms$",
+     "raysim.data$", "raysim.system$"),  # the ground floor, and the packages that load their modules lazily
+    ("raysim.data", "raysim.system", "raysim.metrics"),  # data sets, the system model, the logs
+    ("raysim.catalog", "raysim.algorithms.keys", "raysim.scenario$", "raysim.scenario.schema"),  # names, the schema
+    ("raysim.scenario", "raysim.config", "raysim.footprint"),  # loading and checking a scenario
+    ("raysim.models", "raysim.aggregators", "raysim.algorithms", "raysim.pipeline"),  # torch
+    ("raysim.engine",),
+    ("actors", "raysim.api", "raysim.lifecycle", "raysim.loading", "raysim.cli", "raysim.sweep", "raysim.bench",
+     "raysim$"),
+)
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of ``module``'s layer."""
+    fits = [(len(name), i) for i, names in enumerate(LAYERS) for name in names
+            if module == name.rstrip("$") or (not name.endswith("$") and module.startswith(name + "."))]
+    assert fits, f"{module} sits in no layer of LAYERS"
+    return max(fits)[1]
+
+
+def test_at_most_three_imports_run_up_the_layers():
+    graph = import_graph()
+    upward = sorted(f"{a} -> {b} (line {line})" for a, edges in graph.items() for b, line in edges.items()
+                    if layer(b) > layer(a))
+    assert len(upward) <= 3, upward
+    assert upward == ["raysim.catalog -> raysim.algorithms.base (line 65)"]  # a custom algorithm's class, checked

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 from omegaconf import OmegaConf
 
-from raysim.data.files import CLIENTS_FROM_FILES
+from raysim.data.kinds import CLIENTS_FROM_FILES
 from raysim.errors import ScenarioError
 from raysim.algorithms.rules import RULES, using
 from raysim.importing import import_callable
