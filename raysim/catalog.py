@@ -1,5 +1,7 @@
-"""The names a scenario may give to models, activations, the personal split and algorithms
-(the one registry of built-in algorithms and their keys), with one line each for ``raysim list``.
+"""The names a scenario may give to models, activations, the personal split and algorithms: the
+one registry of built-in algorithms (implementation, keys, client state kept) and of model kinds
+(their layouts, from which their parameters are counted before they are built), with one line
+each for ``raysim list``.
 
 Torch-free on purpose: a scenario is validated (and Ray's start-up begun) before torch
 loads. The builders (:mod:`raysim.models`, :mod:`raysim.algorithms`) map these names to code.
