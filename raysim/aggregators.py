@@ -20,7 +20,8 @@ import math
 import numpy as np
 import torch
 
-from raysim.algorithms.keys import floor_share, largest_f
+from raysim.algorithms.rules import RULES
+from raysim.robust_f import floor_share, largest_f
 
 
 def _weight_list(weights) -> list:
@@ -203,16 +204,6 @@ def bulyan(updates: torch.Tensor, weights=None, *, f: int = 0) -> torch.Tensor:
     return _scaled(closest.mean(dim=0), weights)
 
 
-def capped_f(n: int, f: int, rule) -> int:
-    """The largest f' <= f that ``rule`` (a name or function: krum, multi_krum, bulyan) accepts for n updates;
-    with n <= 2 krum and multi_krum take any f (the mean), other rules take no f: both get f back. For a short
-    last buffer; multi_krum's m must also stay <= n − f'."""
-    name = getattr(rule, "__name__", rule)
-    if (name in ("krum", "multi_krum") and n > 2) or name == "bulyan":
-        return max(0, min(f, largest_f(name, n)))
-    return f
-
-
 def bucketing(updates: torch.Tensor, weights=None, *, rule, bucket_size: int, rng: np.random.Generator,
               **params) -> torch.Tensor:
     """``rule(bucket means, bucket weights, **params)``: rows permuted by ``rng.permutation(K)``, cut into
@@ -230,5 +221,5 @@ def bucketing(updates: torch.Tensor, weights=None, *, rule, bucket_size: int, rn
     return rule(vectors, np.array([math.fsum(shares[b]) for b in buckets]), **params)
 
 
-AGGREGATORS = {"mean": mean, "median": median, "trimmed_mean": trimmed_mean, "krum": krum, "multi_krum": multi_krum,
-               "geometric_median": geometric_median, "centered_clipping": centered_clipping, "bulyan": bulyan}
+AGGREGATORS = {name: globals()[rule.function.rpartition(":")[2]]  # the built-in rules are this module's functions
+               for name, rule in RULES.items()}

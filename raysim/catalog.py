@@ -1,5 +1,7 @@
-"""The names a scenario may give to models, activations, the personal split and algorithms
-(the one registry of built-in algorithms and their keys), with one line each for ``raysim list``.
+"""The names a scenario may give to models, activations, the personal split and algorithms: the
+one registry of built-in algorithms (implementation, keys, client state kept) and of model kinds
+(their layouts, from which their parameters are counted before they are built), with one line
+each for ``raysim list``.
 
 Torch-free on purpose: a scenario is validated (and Ray's start-up begun) before torch
 loads. The builders (:mod:`raysim.models`, :mod:`raysim.algorithms`) map these names to code.
@@ -9,29 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import inspect
-import os
-import sys
+import math
 import typing
 
 from raysim.algorithms import keys
 from raysim.data.leaf import FEMNIST_SHAPE, SHAKESPEARE_LENGTH  # the shapes char_lstm and femnist_cnn take
 from raysim.errors import ScenarioError
-
-MODELS = {
-    "logreg": "multinomial logistic regression (one Linear layer)",
-    "mlp": "fully connected net; keys model.hidden (sizes), model.activation",
-    "cnn": "small conv net for image data (digits, synthetic_images, mnist, fashion_mnist, cifar10, cifar100, leaf "
-           "FEMNIST, or parquet with data.image_shape); key model.channels",
-    "quadratic": "the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
-                 "model.personal=[w]",
-    "bilinear": "the saddle problem's model (data.kind=saddle): logits [0, w1ᵀW2h] with w1 [d], W2 [d, d], so the "
-                "cross-entropy is log(1 + exp(−γ·w1ᵀW2h)); key model.init_scale",
-    "char_lstm": "LEAF's Shakespeare model: embedding 8, 2-layer LSTM 256; next of 80 characters (vocab = classes)",
-    "femnist_cnn": "LEAF/FedAvg CNN for [1, 28, 28] images: 5x5 convs 32, 64 with max-pooling, dense 2048",
-    "resnet18_gn": "CIFAR ResNet-18 with GroupNorm (2 groups), as FedACG's; [channels, height, width] images",
-}
+from raysim.importing import import_object
 
 
 ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
@@ -39,65 +25,41 @@ ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
 PERSONAL_MODES = ("none", "input_layer", "output_layer", "adapter")
 PERSONAL_INITS = ("random", "zero", "global")
 
-ALGORITHMS = {  # name -> (implementation "module:Class", its keys); the one registry of built-ins
-    "fedavg": ("raysim.algorithms.fedavg:FedAvg", keys.FedAvgKeys),
-    "fedprox": ("raysim.algorithms.fedavg:FedProx", keys.FedProxKeys),
-    "fedavgm": ("raysim.algorithms.fedavg:FedAvgM", keys.FedAvgMKeys),
-    "fedadam": ("raysim.algorithms.fedavg:FedAdam", keys.FedAdamKeys),
-    "fedyogi": ("raysim.algorithms.fedavg:FedYogi", keys.FedYogiKeys),
-    "fedadagrad": ("raysim.algorithms.fedavg:FedAdagrad", keys.FedAdagradKeys),
-    "feddyn": ("raysim.algorithms.feddyn:FedDyn", keys.FedDynKeys),
-    "fedacg": ("raysim.algorithms.fedacg:FedACG", keys.FedACGKeys),
-    "scaffold": ("raysim.algorithms.scaffold:Scaffold", keys.ScaffoldKeys),
-    "localgd": ("raysim.algorithms.local_gd:LocalGD", keys.LocalGDKeys),
-    "ffgg": ("raysim.algorithms.ffgg:FFGG", keys.FFGGKeys),
-    "local_ffgg": ("raysim.algorithms.ffgg:LocalFFGG", keys.LocalFFGGKeys),
-    "l2gd": ("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys),
-    "perfedavg": ("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
+class BuiltinAlgorithm(typing.NamedTuple):
+    """A built-in algorithm, declared once: its implementation (``module:Class``), its keys, and the
+    parameter-sized vectors it keeps per visited client (the memory estimate's client state; its
+    class's ``stateful`` says the same to the engine). ``keeps_personal``: it keeps the personal
+    part w instead, with ``model.personal_state: stateful``."""
+
+    implementation: str
+    keys: type
+    kept_vectors: int = 0
+    keeps_personal: bool = False
+
+
+ALGORITHMS = {  # the one registry of built-ins
+    "fedavg": BuiltinAlgorithm("raysim.algorithms.fedavg:FedAvg", keys.FedAvgKeys),
+    "fedprox": BuiltinAlgorithm("raysim.algorithms.fedavg:FedProx", keys.FedProxKeys),
+    "fedavgm": BuiltinAlgorithm("raysim.algorithms.fedavg:FedAvgM", keys.FedAvgMKeys),
+    "fedadam": BuiltinAlgorithm("raysim.algorithms.fedavg:FedAdam", keys.FedAdamKeys),
+    "fedyogi": BuiltinAlgorithm("raysim.algorithms.fedavg:FedYogi", keys.FedYogiKeys),
+    "fedadagrad": BuiltinAlgorithm("raysim.algorithms.fedavg:FedAdagrad", keys.FedAdagradKeys),
+    "feddyn": BuiltinAlgorithm("raysim.algorithms.feddyn:FedDyn", keys.FedDynKeys, kept_vectors=1),
+    "fedacg": BuiltinAlgorithm("raysim.algorithms.fedacg:FedACG", keys.FedACGKeys),
+    "scaffold": BuiltinAlgorithm("raysim.algorithms.scaffold:Scaffold", keys.ScaffoldKeys, kept_vectors=1),
+    "localgd": BuiltinAlgorithm("raysim.algorithms.local_gd:LocalGD", keys.LocalGDKeys),
+    "ffgg": BuiltinAlgorithm("raysim.algorithms.ffgg:FFGG", keys.FFGGKeys, keeps_personal=True),
+    "local_ffgg": BuiltinAlgorithm("raysim.algorithms.ffgg:LocalFFGG", keys.LocalFFGGKeys, keeps_personal=True),
+    "l2gd": BuiltinAlgorithm("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys, kept_vectors=1),
+    "perfedavg": BuiltinAlgorithm("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
 }
-
-
-def import_object(path: str, target: str, what: str):
-    """The object that ``target`` (``package.module:name``) names; the scenario key ``path`` is
-    blamed, with ``what`` the kind of object expected, when it cannot be imported."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ScenarioError(path, target, f"a built-in name or package.module:name of {what}")
-    if os.getcwd() not in sys.path:  # as `python -m` does: modules of the directory the run starts in
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise ScenarioError(path, target, f"an importable module ({type(exc).__name__}: {exc})") from None
-    try:
-        return functools.reduce(getattr, attr.split("."), module)
-    except AttributeError:
-        raise ScenarioError(path, target, f"a name that module {module_name} defines ({what})") from None
-
-
-def import_callable(path: str, target: str, what: str, allowed: str, *args, **kwargs):
-    """``import_object(path, target, what)``, checked to take ``(*args, **kwargs)``: otherwise one
-    error line that blames ``path`` and says what is ``allowed``."""
-    function = import_object(path, target, what)
-    try:
-        inspect.signature(function).bind(*args, **kwargs)
-    except (TypeError, ValueError) as exc:  # ValueError: not a function, or one without a signature
-        raise ScenarioError(path, target, f"{allowed} ({exc})") from None
-    return function
-
-
-def call_imported(path: str, target: str, what: str, *args, **kwargs):
-    """``import_object(path, target, what)(*args, **kwargs)``; ``path`` is blamed when the object
-    cannot take those arguments (errors raised inside it are the user's and go through)."""
-    taking = ", ".join([f"{len(args)} positional arguments"] * bool(args) + [f"{k}=" for k in kwargs])
-    return import_callable(path, target, what, f"{what}, called with {taking}", *args, **kwargs)(*args, **kwargs)
 
 
 def algorithm_class(name: str):
     """The class that ``algorithm.name`` names: a built-in, or an imported ``package.module:Class``
     that subclasses :class:`raysim.algorithms.Algorithm` (imports torch)."""
     if name in ALGORITHMS:
-        return import_object("algorithm.name", ALGORITHMS[name][0], "an algorithm")
+        return import_object("algorithm.name", ALGORITHMS[name].implementation, "an algorithm")
     if ":" not in name:
         raise ScenarioError("algorithm.name", name, "one of " + ", ".join(sorted(ALGORITHMS))
                             + ", or package.module:Class")
@@ -146,11 +108,10 @@ def _log_columns() -> dict:
     """{kind of diagnostics: (the log it adds columns to, the columns that log has already)}."""
     from omegaconf import OmegaConf
 
-    from raysim.config import Scenario
-    from raysim.metrics.output import EVENTS_SCHEMA, ROUNDS_SCHEMA
-    from raysim.system import SystemModel
+    from raysim.metrics.output import EVENTS_SCHEMA, ROUNDS_SCHEMA  # pyarrow: only for a custom algorithm
+    from raysim.system import SystemConfig, SystemModel
 
-    profile = SystemModel(OmegaConf.structured(Scenario).system, 1, 0).profile  # each event row's client fields
+    profile = SystemModel(OmegaConf.structured(SystemConfig), 1, 0).profile  # each event row's client fields
     return {"server_diagnostics": ("rounds.parquet", set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"}),
             "client_diagnostics": ("events.parquet", {*EVENTS_SCHEMA.names, *profile})}
 
@@ -159,8 +120,8 @@ def _log_columns() -> dict:
 def builtin_key_types() -> dict:
     """The types the built-in algorithms give each key name (local_steps: int, or Optional[int])."""
     types: dict = {}
-    for _, keys_class in ALGORITHMS.values():
-        for name, kind in typing.get_type_hints(keys_class).items():
+    for builtin in ALGORITHMS.values():
+        for name, kind in typing.get_type_hints(builtin.keys).items():
             if kind not in types.setdefault(name, []):
                 types[name].append(kind)
     return types
@@ -174,7 +135,7 @@ def _type_text(kind) -> str:
 def algorithm_keys(name: str) -> type:
     """The keys dataclass of ``algorithm.name``: torch-free for built-ins; a custom class's ``Keys``."""
     if name in ALGORITHMS:
-        return ALGORITHMS[name][1]
+        return ALGORITHMS[name].keys
     return algorithm_class(name).Keys
 
 
@@ -217,3 +178,110 @@ def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: 
     if kind == "resnet18_gn" and len(shape) != 3:
         raise ScenarioError("model.kind", kind, "image data of shape [channels, height, width] (cifar10, cifar100, "
                             f"synthetic_images, or parquet with data.image_shape set) {seen}")
+
+
+def _resnet18_gn_body(channels: int, height: int, width: int) -> tuple[int, list]:
+    """(parameters, convolution output sizes) of ResNet18GN before its Linear layer: a bias-free 3x3 stem
+    to 64 channels with GroupNorm (γ, β), then per stage (64, 128, 256, 512 channels; stride 2 from the
+    second) two blocks of two bias-free 3x3 convolutions with GroupNorm, the first block with a 1x1
+    convolution and GroupNorm as shortcut where the width changes."""
+    count, sizes, n_in = 9 * channels * 64 + 2 * 64, [64 * height * width], 64
+    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        height, width = -(-height // stride), -(-width // stride)
+        shortcut = n_in * planes + 2 * planes if n_in != planes else 0
+        count += 9 * planes * (n_in + 3 * planes) + 8 * planes + shortcut  # 4 convolutions, 4 GroupNorms
+        sizes += [planes * height * width] * (4 + bool(shortcut))
+        n_in = planes
+    return count, sizes
+
+
+class ModelKind(typing.NamedTuple):
+    """A built-in ``model.kind``, declared once: its line in ``raysim list`` and its layout, from
+    which its parameters are counted without building it: ``layout(model_cfg, features, classes)``
+    gives (parameters before its Linear layers, widths of its hidden activations, the sizes of its
+    Linear layers in order)."""
+
+    doc: str
+    layout: typing.Callable
+
+
+def _logreg(m, features: tuple, classes: int) -> tuple:
+    return 0, [], [math.prod(features), classes]
+
+
+def _mlp(m, features: tuple, classes: int) -> tuple:
+    return 0, list(m.hidden), [math.prod(features), *m.hidden, classes]
+
+
+def _cnn(m, features: tuple, classes: int) -> tuple:
+    if len(features) != 3:  # refused by check_model_data
+        return _logreg(m, features, classes)
+    (channels, height, width), body, widths = features, 0, []
+    for out in m.channels:
+        body += channels * out * 9 + out  # 3x3 kernels and a bias
+        widths.append(out * height * width)
+        if min(height, width) >= 2:
+            height, width = height // 2, width // 2  # max-pooling
+        channels = out
+    return body, widths, [channels * height * width, classes]
+
+
+def _quadratic(m, features: tuple, classes: int) -> tuple:
+    return sum(features), [], []  # theta, w
+
+
+def _bilinear(m, features: tuple, classes: int) -> tuple:
+    flat = math.prod(features)
+    return flat + flat * flat, [], []  # w1 [d], W2 [d, d]
+
+
+def _char_lstm(m, features: tuple, classes: int) -> tuple:
+    """Embedding V x 8; per LSTM layer (in 8, then 256) 4·256·(in + 256) weights and 2 biases; 80 steps x 2
+    layers of activations: 4 gates, c and h."""
+    body = classes * 8 + sum(4 * 256 * (n_in + 256) + 2 * 4 * 256 for n_in in (8, 256))
+    return body, [SHAKESPEARE_LENGTH * 8, SHAKESPEARE_LENGTH * 2 * 6 * 256], [256, classes]
+
+
+def _femnist_cnn(m, features: tuple, classes: int) -> tuple:
+    """5x5 convolutions 1 -> 32 -> 64 (with biases), each 2x2 max-pooled, then dense 2048."""
+    body = (25 * 1 * 32 + 32) + (25 * 32 * 64 + 64)
+    return body, [32 * 28 * 28, 64 * 14 * 14, 2048], [64 * 7 * 7, 2048, classes]
+
+
+def _resnet18_gn(m, features: tuple, classes: int) -> tuple:
+    if len(features) != 3:  # refused by check_model_data
+        return _logreg(m, features, classes)
+    return (*_resnet18_gn_body(*features), [512, classes])
+
+
+MODELS = {
+    "logreg": ModelKind("multinomial logistic regression (one Linear layer)", _logreg),
+    "mlp": ModelKind("fully connected net; keys model.hidden (sizes), model.activation", _mlp),
+    "cnn": ModelKind("small conv net for image data (digits, synthetic_images, mnist, fashion_mnist, cifar10, "
+                     "cifar100, leaf FEMNIST, or parquet with data.image_shape); key model.channels", _cnn),
+    "quadratic": ModelKind("the parameters (theta, w) of data.kind=quadratic, both starting at 0; personal part: "
+                           "model.personal=[w]", _quadratic),
+    "bilinear": ModelKind("the saddle problem's model (data.kind=saddle): logits [0, w1ᵀW2h] with w1 [d], W2 [d, d], "
+                          "so the cross-entropy is log(1 + exp(−γ·w1ᵀW2h)); key model.init_scale", _bilinear),
+    "char_lstm": ModelKind("LEAF's Shakespeare model: embedding 8, 2-layer LSTM 256; next of 80 characters "
+                           "(vocab = classes)", _char_lstm),
+    "femnist_cnn": ModelKind("LEAF/FedAvg CNN for [1, 28, 28] images: 5x5 convs 32, 64 with max-pooling, dense 2048",
+                             _femnist_cnn),
+    "resnet18_gn": ModelKind("CIFAR ResNet-18 with GroupNorm (2 groups), as FedACG's; [channels, height, width] "
+                             "images", _resnet18_gn),
+}
+
+
+def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list]:
+    """(parameters, widths of the hidden layers) of the model :func:`raysim.models.build_model`
+    builds for data of shape ``features`` with ``classes`` classes, counted from its kind's layout
+    without building it (LoRA adapters counted on every Linear layer but the output layer; a custom
+    kind, ``package.module:function``: (0, []), its size is known once built)."""
+    if ":" in model_cfg.kind:
+        return 0, []
+    body, widths, linear = MODELS[model_cfg.kind].layout(model_cfg, features, classes)
+    layers = list(zip(linear, linear[1:]))
+    count = body + sum(i * o + o for i, o in layers)
+    if model_cfg.personal == "adapter":
+        count += sum(model_cfg.adapter_rank * (i + o) for i, o in layers[:-1])
+    return count, widths

@@ -180,7 +180,7 @@ def cmd_list(args) -> int:
     from raysim.config import Scenario
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
-    from raysim.algorithms.keys import AGGREGATOR_DOCS
+    from raysim.algorithms.rules import AGGREGATOR_DOCS
     from raysim.schema import describe
     from raysim.system.config import DISTRIBUTIONS
 
@@ -211,10 +211,11 @@ def cmd_list(args) -> int:
                           if getattr(cls, kind)})
         print(yaml.safe_dump({args.algorithm: entry}, sort_keys=False, allow_unicode=True, width=110), end="")
         return 0
-    algorithms = {name: algorithm(schema) for name, (_, schema) in ALGORITHMS.items()}
+    algorithms = {name: algorithm(builtin.keys) for name, builtin in ALGORITHMS.items()}
     scenario = [row for row in describe(Scenario) if not row[0].startswith("algorithm")]
     listing = {"datasets (data.kind)": DATASETS, "partitioners (data.partition.kind)": PARTITIONERS,
-               "models (model.kind)": MODELS, "algorithms (algorithm.name; algorithm.<key>)": algorithms,
+               "models (model.kind)": {name: kind.doc for name, kind in MODELS.items()},
+               "algorithms (algorithm.name; algorithm.<key>)": algorithms,
                "aggregators (algorithm.aggregator)": AGGREGATOR_DOCS,
                "Byzantine attacks (system.byzantine.attack)": {name.split(".", 1)[1]: doc for name, doc in
                                                                DISTRIBUTIONS.items() if name.startswith("attack.")},

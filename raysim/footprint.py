@@ -24,13 +24,17 @@ import math
 import os
 from dataclasses import dataclass
 
-from raysim.config import actors_that_fit
-from raysim.data._checks import QUADRATIC_THREADS, quadratic_shapes
-from raysim.data.files import DATA_FILES
-from raysim.data.leaf import SHAKESPEARE_LENGTH
+from omegaconf import OmegaConf
+
+from raysim.catalog import ALGORITHMS, algorithm_class, algorithm_keys, parameter_count
+from raysim.scenario.schema import Scenario, actors_that_fit
+from raysim.data.build import builds_on_demand
+from raysim.data._checks import QUADRATIC_THREADS
+from raysim.data.kinds import DATA_FILES
+from raysim.data.leaf import leaf_files
+from raysim.data.sizes import data_shape, quadratic_client_bytes, table_bytes
 from raysim.errors import ScenarioError
 
-ROW_BYTES = 4 + 1 + 8  # client_id int32, split int8, label int64; features add 4 bytes each
 SIZE_BYTES = 8  # an on-demand data set's table: train and test sizes (int32) per client
 BUILD_FACTOR = {"digits": 1.0, "blobs": 4.0,  # blobs: float64 draws; generated kinds fill the table client by client
                 "parquet": 7.0, "quadratic": 2.0,  # parquet: the file read whole, its features, their sorted copy
@@ -49,9 +53,6 @@ CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update,
 ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
 CLIENT_BOOKKEEPING = 128  # bytes per registered client: sizes, offsets, system profile
 KEPT_ENTRY = 512  # bytes per kept client state besides its tensors (dict, tensor objects)
-KEPT_VECTORS = {"scaffold": 1, "feddyn": 1, "l2gd": 1}  # parameter-sized vectors kept per client
-PERSONAL_KEEPERS = ("ffgg", "local_ffgg")  # keep w (at most the parameters) with model.personal_state: stateful
-CURVATURE_MAX_PARAMETERS = 2000  # eval.curvature's full float64 Hessian: at most 32 MB, and P passes per evaluation
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,8 @@ def estimate(cfg) -> Footprint:
     sized from its metadata and its label and client columns (bad labels raise ScenarioError), MNIST
     from its IDX headers, CIFAR from its file sizes and LEAF from its JSON files' bytes (missing or
     bad files raise ScenarioError, as the loaders do)."""
-    from raysim.data import builds_on_demand
-
     d, m = cfg.data, cfg.model
-    rows, features, classes, clients, data_keys = _data_shape(d)
+    rows, features, classes, clients, data_keys = data_shape(d)
     actors = _actors(cfg.runtime)
     in_flight, flight_keys = _in_flight(cfg, actors)
     if not clients:  # unknown until the files are read (leaf): the clients the run may visit, or a round's
@@ -127,7 +126,7 @@ def estimate(cfg) -> Footprint:
     batch = 0 if d.kind == "quadratic" else cfg.algorithm.get("batch_size") or rows / clients  # none: full batch
     per_client = (CLIENT_VECTORS * params * itemsize
                   + ACTIVATION_PASSES * 4 * batch * (math.prod(features) + sum(widths))
-                  + (_quadratic_client_bytes(d) if d.kind == "quadratic" else 0))
+                  + (quadratic_client_bytes(d) if d.kind == "quadratic" else 0))
     parts = [Part("data set", data, data_keys), Part("model", model, model_keys)]
     if not cfg.runtime.address:
         batch_keys = (("algorithm.batch_size", batch),) if batch else ()
@@ -157,147 +156,10 @@ def summary(cfg) -> str:
     return f"memory: {estimate(cfg).describe()} of {human(psutil.virtual_memory().available)} available"
 
 
-def check_curvature(size: int) -> None:
-    """``eval.curvature`` needs a full Hessian: refuse models of more than CURVATURE_MAX_PARAMETERS parameters."""
-    if size > CURVATURE_MAX_PARAMETERS:
-        raise ScenarioError("eval.curvature", True, f"false for a model of {size} parameters (a full Hessian: at "
-                                                    f"most {CURVATURE_MAX_PARAMETERS})")
-
-
-def model_size(cfg) -> int:
-    """Parameters of the scenario's model, counted from its keys (0 for a custom model or data kind)."""
-    _, features, classes, _, _ = _data_shape(cfg.data)
-    return parameter_count(cfg.model, features, classes)[0]
-
-
-def parameter_count(model_cfg, features: tuple, classes: int) -> tuple[int, list]:
-    """(parameters, widths of the hidden layers) of the model :func:`raysim.models.build_model`
-    builds for data of shape ``features`` with ``classes`` classes, counted without building it
-    (LoRA adapters counted on every Linear layer but the output layer; a custom kind: (0, []))."""
-    kind, flat = model_cfg.kind, math.prod(features)
-    if kind == "quadratic":
-        return sum(features), []
-    if kind == "bilinear":
-        return flat + flat * flat, []  # w1 [d], W2 [d, d]
-    body, widths, linear = 0, [], [flat, classes]  # body: the parameters before the Linear layers
-    if kind == "mlp":
-        widths = list(model_cfg.hidden)
-        linear = [flat, *widths, classes]
-    elif kind == "cnn" and len(features) == 3:
-        channels, height, width = features
-        for out in model_cfg.channels:
-            body += channels * out * 9 + out  # 3x3 kernels and a bias
-            widths.append(out * height * width)
-            if min(height, width) >= 2:
-                height, width = height // 2, width // 2  # max-pooling
-            channels = out
-        linear = [channels * height * width, classes]
-    elif kind == "char_lstm":  # embedding V x 8; per LSTM layer (in 8, then 256) 4·256·(in + 256) weights, 2 biases
-        body = classes * 8 + sum(4 * 256 * (n_in + 256) + 2 * 4 * 256 for n_in in (8, 256))
-        steps = SHAKESPEARE_LENGTH  # 80 steps x 2 layers: 4 gates, c and h
-        widths, linear = [steps * 8, steps * 2 * 6 * 256], [256, classes]
-    elif kind == "femnist_cnn":  # 5x5 convolutions 1 -> 32 -> 64 (with biases), each 2x2 max-pooled, dense 2048
-        body = (25 * 1 * 32 + 32) + (25 * 32 * 64 + 64)
-        widths, linear = [32 * 28 * 28, 64 * 14 * 14, 2048], [64 * 7 * 7, 2048, classes]
-    elif kind == "resnet18_gn" and len(features) == 3:
-        body, widths = _resnet18_gn_body(*features)
-        linear = [512, classes]
-    elif kind != "logreg":
-        return 0, []
-    layers = list(zip(linear, linear[1:]))
-    count = body + sum(i * o + o for i, o in layers)
-    if model_cfg.personal == "adapter":
-        count += sum(model_cfg.adapter_rank * (i + o) for i, o in layers[:-1])
-    return count, widths
-
-
-def _resnet18_gn_body(channels: int, height: int, width: int) -> tuple[int, list]:
-    """(parameters, convolution output sizes) of ResNet18GN before its Linear layer: a bias-free 3x3 stem
-    to 64 channels with GroupNorm (γ, β), then per stage (64, 128, 256, 512 channels; stride 2 from the
-    second) two blocks of two bias-free 3x3 convolutions with GroupNorm, the first block with a 1x1
-    convolution and GroupNorm as shortcut where the width changes."""
-    count, sizes, n_in = 9 * channels * 64 + 2 * 64, [64 * height * width], 64
-    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        height, width = -(-height // stride), -(-width // stride)
-        shortcut = n_in * planes + 2 * planes if n_in != planes else 0
-        count += 9 * planes * (n_in + 3 * planes) + 8 * planes + shortcut  # 4 convolutions, 4 GroupNorms
-        sizes += [planes * height * width] * (4 + bool(shortcut))
-        n_in = planes
-    return count, sizes
-
-
-def table_bytes(d) -> float:
-    """Bytes of the federated table of the data keys ``d`` (every client's rows, or statistics)."""
-    if d.kind == "quadratic":
-        return d.num_clients * _quadratic_client_bytes(d)
-    rows, features, *_ = _data_shape(d)
-    return rows * (ROW_BYTES + 4 * math.prod(features))
-
-
-def _data_shape(d) -> tuple:
-    """(rows, feature shape, classes, clients, keys it grows with) of the data keys ``d``."""
-    from raysim.data._checks import test_rows_beside
-    from raysim.data.generators import DIGITS_ROWS, DIGITS_SHAPE, LEAF_MEAN_ROWS, gaussian_mixture_rows
-
-    clients = (("data.num_clients", d.num_clients),)
-    if d.kind == "gaussian_mixture":
-        return gaussian_mixture_rows(d.num_clients), (60,), 10, d.num_clients, clients
-    if d.kind == "leaf_synthetic":
-        return d.num_clients * LEAF_MEAN_ROWS, (60,), 10, d.num_clients, clients
-    if d.kind == "digits":
-        return DIGITS_ROWS, DIGITS_SHAPE, 10, d.num_clients, clients
-    if d.kind == "blobs":
-        return (d.num_samples, (d.num_features,), d.num_classes, d.num_clients,
-                (("data.num_samples", d.num_samples), ("data.num_features", d.num_features)) + clients)
-    if d.kind == "quadratic":
-        return (d.num_clients, (d.d_theta, d.d_w), 0, d.num_clients,
-                clients + (("data.d_theta", d.d_theta), ("data.d_w", d.d_w), ("data.n", d.n)))
-    if d.kind == "saddle":
-        rows = d.num_clients * (d.samples_per_client + test_rows_beside(d.samples_per_client, d.test_fraction))
-        return (rows, (d.dim,), 2, d.num_clients,
-                clients + (("data.samples_per_client", d.samples_per_client), ("data.dim", d.dim)))
-    if d.kind == "synthetic_images":
-        from raysim.data.generators import IMAGE_SHAPE
-
-        rows = d.num_clients * (d.samples_per_client + test_rows_beside(d.samples_per_client, d.test_fraction))
-        shape = IMAGE_SHAPE if d.image_shape is None else tuple(d.image_shape)
-        return (rows, shape, d.num_classes, d.num_clients,
-                clients + (("data.samples_per_client", d.samples_per_client), ("data.image_shape", list(shape))))
-    if d.kind == "parquet":
-        from raysim.data.parquet import parquet_shape
-
-        feature_columns = None if d.feature_columns is None else list(d.feature_columns)
-        rows, width, classes, num_clients = parquet_shape(d.path, d.label_column, d.client_column, feature_columns)
-        shape = (width,) if d.image_shape is None else tuple(d.image_shape)
-        return rows, shape, classes, num_clients, (("data.path", d.path),)
-    if d.kind in ("mnist", "fashion_mnist"):
-        from raysim.data.idx import MNIST_CLASSES, mnist_shape
-
-        rows, shape = mnist_shape(d.path)
-        return rows, shape, MNIST_CLASSES, d.num_clients, (("data.path", d.path),)
-    if d.kind in ("cifar10", "cifar100"):
-        from raysim.data.cifar import CIFAR_FORMATS, CIFAR_SHAPE, cifar_rows
-
-        fmt = CIFAR_FORMATS[d.kind]
-        return cifar_rows(d.path, fmt), CIFAR_SHAPE, fmt.num_classes, d.num_clients, (("data.path", d.path),)
-    if d.kind == "leaf":  # rows, their shape, classes and users are known only once the JSON is parsed (the
-        # task is told from the rows): peeking at a row means parsing a whole file, a good part of the load
-        # itself. Sized from its files instead (estimate); 0 clients: unknown
-        return 0, (0,), 0, 0, (("data.path", d.path),)
-    return 0, (0,), 0, d.num_clients, clients  # a custom kind
-
-
 def _leaf_bytes(path: str) -> int:
     """Bytes of the LEAF JSON files :func:`raysim.data.leaf.load_leaf` reads at ``path``."""
-    from raysim.data.leaf import leaf_files
-
     train, test = leaf_files(path)
     return sum(os.path.getsize(f) for f in train + (test or []))
-
-
-def _quadratic_client_bytes(d) -> int:
-    """One quadratic client's float64 statistics P, q, C, D, e, c."""
-    return 8 * sum(math.prod(shape) for shape in quadratic_shapes(d.d_theta, d.d_w).values())
 
 
 def _quadratic_draws_bytes(d) -> int:
@@ -353,22 +215,15 @@ def _visits(cfg) -> float:
 def _kept_vectors(cfg) -> int:
     """Parameter-sized vectors the algorithm keeps per visited client."""
     name = cfg.algorithm.name
-    if name in PERSONAL_KEEPERS:
-        return int(cfg.model.personal_state == "stateful")
-    if ":" in name:
-        from raysim.catalog import algorithm_class
-
+    if name not in ALGORITHMS:
         return int(bool(algorithm_class(name).stateful))  # imported already: its Keys were validated
-    return KEPT_VECTORS.get(name, 0)
+    if ALGORITHMS[name].keeps_personal:  # w, at most the parameters
+        return int(cfg.model.personal_state == "stateful")
+    return ALGORITHMS[name].kept_vectors
 
 
 def _blame(cfg, part: Part) -> tuple:
     """The (key, value) of ``part`` furthest above its default."""
-    from omegaconf import OmegaConf
-
-    from raysim.catalog import algorithm_keys
-    from raysim.config import Scenario
-
     def growth(pair) -> float:
         key, value = pair
         section, _, rest = key.partition(".")

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.aggregators import (AGGREGATORS, bucketing, bulyan, capped_f, centered_clipping, geometric_median, krum,
+from raysim.aggregators import (AGGREGATORS, bucketing, bulyan, centered_clipping, geometric_median, krum,
                                 mean, median, multi_krum, trimmed_mean, weighted_mean, weighted_rows)
-from raysim.algorithms.keys import AGGREGATOR_DOCS
+from raysim.algorithms.rules import AGGREGATOR_DOCS
+from raysim.robust_f import capped_f
 
 ROBUST = ["median", "trimmed_mean", "krum", "multi_krum", "centered_clipping", "bulyan"]
 

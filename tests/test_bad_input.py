@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from raysim.catalog import ALGORITHMS
+from raysim.catalog import ALGORITHMS, parameter_count
 from raysim.cli import main
 from raysim.config import Scenario, load_scenario
 from raysim.data import build_dataset
 from raysim.data.parquet import load_parquet, parquet_shape
 from raysim.errors import ScenarioError
-from raysim.footprint import check_fits, estimate, parameter_count, summary
+from raysim.footprint import check_fits, estimate, summary
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "scenarios" / "quickstart.yaml")
@@ -275,12 +275,12 @@ def float_keys(schema, prefix=""):
 
 
 def test_every_float_key_must_be_finite():
-    paths = list(float_keys(Scenario)) + sorted({f"algorithm.{k}" for _, keys in ALGORITHMS.values()
-                                                  for k in float_keys(keys)})
+    paths = list(float_keys(Scenario)) + sorted({f"algorithm.{k}" for builtin in ALGORITHMS.values()
+                                                  for k in float_keys(builtin.keys)})
     assert {"execution.over_selection", "system.compute.speed", "algorithm.lr", "algorithm.dyn_alpha"} <= set(paths)
     for path in paths:
-        name = next((n for n, (_, keys) in ALGORITHMS.items() if path.split(".", 1)[1] in keys.__dataclass_fields__),
-                    None) if path.startswith("algorithm.") else "fedavg"
+        owners = (n for n, builtin in ALGORITHMS.items() if path.split(".", 1)[1] in builtin.keys.__dataclass_fields__)
+        name = next(owners, None) if path.startswith("algorithm.") else "fedavg"
         bad = {"execution.over_selection": "inf", "system.compute.mu": "-inf"}.get(path, "nan")
         with pytest.raises(ScenarioError) as info:
             load_scenario(None, [f"algorithm.name={name}", f"{path}={bad}"])
@@ -382,14 +382,13 @@ def test_a_cluster_checks_only_the_drivers_parts():
 
 
 def test_the_estimate_knows_which_built_in_algorithms_keep_client_state():
-    """footprint's table of per-client kept vectors (it must not import torch) agrees with the
+    """The registry's per-client kept vectors (the estimate must not import torch) agree with the
     algorithm classes' own ``stateful``."""
     from raysim.catalog import algorithm_class
-    from raysim.footprint import KEPT_VECTORS, PERSONAL_KEEPERS
 
-    for name in ALGORITHMS:
-        if name not in PERSONAL_KEEPERS:  # FFGG keeps w only with model.personal_state: stateful
-            assert KEPT_VECTORS.get(name, 0) == int(algorithm_class(name).stateful is True), name
+    for name, builtin in ALGORITHMS.items():
+        if not builtin.keeps_personal:  # FFGG keeps w only with model.personal_state: stateful
+            assert builtin.kept_vectors == int(algorithm_class(name).stateful is True), name
 
 
 # --- the memory estimate of the data sets read from files, and of the benchmark models ----------------
@@ -412,7 +411,8 @@ def _file_data_set(kind: str, path: Path) -> tuple[int, tuple]:
 
 @pytest.mark.parametrize("kind", ["mnist", "cifar10", "cifar100"])
 def test_image_files_are_sized_from_their_headers_and_sizes(tmp_path, kind):
-    from raysim.footprint import BUILD_FACTOR, ROW_BYTES
+    from raysim.data.sizes import ROW_BYTES
+    from raysim.footprint import BUILD_FACTOR
 
     rows, shape = _file_data_set(kind, tmp_path / "d")
     cfg = scenario(f"data.kind={kind}", f"data.path={tmp_path / 'd'}", "data.num_clients=3",

@@ -163,7 +163,7 @@ def test_the_saved_scenario_runs_again_as_it_is(tmp_path, source, overrides):
 def test_every_checked_in_scenario_is_valid(path, monkeypatch, tmp_path):
     import yaml
 
-    from raysim.data.files import DATA_FILES
+    from raysim.data.kinds import DATA_FILES
     from raysim.sweep import plan_sweep, read_scenario
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])

@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from raysim.data import DATASETS, PARTITIONERS, FederatedDataset, build_dataset, partition
-from raysim.data.generators import blobs, digits, gaussian_mixture, leaf_synthetic
+from raysim.data import DATASETS, PARTITIONERS, FederatedDataset, build_dataset
+from raysim.data.partition import partition
+from raysim.data.generated import gaussian_mixture, leaf_synthetic
+from raysim.data.generators import blobs, digits
 from raysim.data.parquet import load_parquet
 from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream
@@ -454,3 +456,10 @@ def test_blobs_are_split_by_the_partition_and_deterministic():
     assert 2.0 < float(np.linalg.norm(x, axis=1).mean()) < 5.0  # centres of norm 3 plus unit noise in 8 dims
     with pytest.raises(ScenarioError, match=r"^data\.num_samples = 10: expected an integer >= 20"):
         blobs(20, 10, 8, 5, part_cfg(kind="iid"), 0.25, seed=1)
+
+
+def test_the_generated_kinds_the_schema_names_are_those_with_a_law():
+    from raysim.data.generated import LAWS
+    from raysim.data.kinds import DATASETS, GENERATED
+
+    assert set(GENERATED) == set(LAWS) and set(GENERATED) <= set(DATASETS)

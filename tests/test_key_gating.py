@@ -180,7 +180,7 @@ def _undocumented(schema: type, prefix: str = "") -> list:
     return missing
 
 
-@pytest.mark.parametrize("schema", [Scenario, *(keys for _, keys in ALGORITHMS.values())],
+@pytest.mark.parametrize("schema", [Scenario, *(builtin.keys for builtin in ALGORITHMS.values())],
                          ids=["scenario", *ALGORITHMS])
 def test_every_declared_key_has_a_doc(schema):
     assert dataclasses.is_dataclass(schema)

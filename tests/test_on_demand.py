@@ -198,7 +198,8 @@ def test_synthetic_images_have_the_shape_and_classes_asked_for():
 
 
 def test_memory_estimate_of_data_built_on_demand_follows_the_evaluated_clients(tmp_path):
-    from raysim.footprint import estimate, table_bytes
+    from raysim.data.sizes import table_bytes
+    from raysim.footprint import estimate
 
     def data_part(*overrides):
         cfg = small_scenario(tmp_path, "data.num_clients=1000000", *overrides)

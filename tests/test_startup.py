@@ -44,7 +44,8 @@ def test_scenario_and_data_are_checked_without_importing_torch():
 
 
 def test_the_catalog_names_exactly_what_the_builders_build():
-    for name, (_, keys) in catalog.ALGORITHMS.items():
+    for name, builtin in catalog.ALGORITHMS.items():
+        keys = builtin.keys
         cls = catalog.algorithm_class(name)
         assert cls.Keys is keys, name  # the registry's keys are the class's own
         assert keys.__doc__ and catalog.algorithm_doc(keys), name

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from raysim import aggregators
-from raysim.algorithms.keys import default_f
-from raysim.catalog import import_object
+from raysim.algorithms.rules import RULES
+from raysim.importing import import_object
+from raysim.robust_f import capped_f, default_f
 from raysim.streams import Purpose, stream
 
 
@@ -24,7 +25,7 @@ class ServerAggregator:
     """``(vectors [K, U], weights [K], state) -> (aggregate [U] float64, new state)``.
 
     ``byzantine_share``: the share of Byzantine clients, for Krum's and Bulyan's f when
-    ``algorithm.byzantine_f`` is null (:func:`~raysim.algorithms.keys.default_f`); f is capped
+    ``algorithm.byzantine_f`` is null (:func:`~raysim.robust_f.default_f`); f is capped
     where a step has too few inputs for it (a deadline round, FedBuff's last partial buffer, few
     buckets)."""
 
@@ -32,11 +33,14 @@ class ServerAggregator:
         self.name = getattr(cfg, "aggregator", "mean")
         self.bucket_size = getattr(cfg, "bucket_size", 1)
         self.seed, self.share, self.cfg = int(seed), float(byzantine_share), cfg
-        if ":" in self.name:
+        declared = RULES.get(self.name)
+        self.takes_f = declared is not None and declared.takes_f
+        if declared is None:
             self.rule, self.params = import_object("algorithm.aggregator", self.name, "an aggregator"), \
                 dict(cfg.aggregator_options)
-        else:
-            self.rule, self.params = aggregators.AGGREGATORS[self.name], self._params()
+        else:  # the rule's keyword arguments from its keys (AggregatorKeys; their defaults live there)
+            self.rule = import_object("algorithm.aggregator", declared.function, "an aggregator")
+            self.params = {arg: getattr(cfg, name) for arg, name in declared.params.items()}
 
     @property
     def robust(self) -> bool:
@@ -44,23 +48,10 @@ class ServerAggregator:
         judged on the model, not per update."""
         return self.name != "mean"
 
-    def _params(self) -> dict:
-        """The rule's keyword arguments from its keys (AggregatorKeys; their defaults live there)."""
-        c = self.cfg
-        if self.name == "trimmed_mean":
-            return {"trim": c.trim}
-        if self.name == "multi_krum":
-            return {"m": c.krum_m}
-        if self.name == "geometric_median":
-            return {"nu": c.gm_nu, "iterations": c.gm_iterations}
-        if self.name == "centered_clipping":
-            return {"radius": c.clip_radius, "iterations": c.clip_iterations}
-        return {}
-
     def _f(self, updates: int, inputs: int) -> int:
         """f for a step of ``updates`` updates reduced as ``inputs`` inputs (buckets)."""
         f = self.cfg.byzantine_f if self.cfg.byzantine_f is not None else default_f(self.share, updates)
-        return aggregators.capped_f(inputs, f, self.name)
+        return capped_f(inputs, f, self.name)
 
     def __call__(self, vectors: torch.Tensor, weights: np.ndarray, state: dict) -> tuple[torch.Tensor, dict]:
         if self.name == "mean":
@@ -68,7 +59,7 @@ class ServerAggregator:
         step = state.get("steps", 0)
         params = dict(self.params)
         inputs = -(-len(vectors) // self.bucket_size)
-        if self.name in ("krum", "multi_krum", "bulyan"):
+        if self.takes_f:
             params["f"] = self._f(len(vectors), inputs)
         if self.name == "multi_krum" and params["m"] is not None:
             params["m"] = min(params["m"], inputs - params["f"])

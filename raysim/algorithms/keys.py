@@ -13,36 +13,24 @@ A custom algorithm declares its own keys the same way, as its class attribute ``
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 from omegaconf import OmegaConf
 
+from raysim.data.kinds import CLIENTS_FROM_FILES
 from raysim.errors import ScenarioError
-from raysim.system.config import byzantine_count
+from raysim.algorithms.rules import RULES, using
+from raysim.importing import import_callable
+from raysim.robust_f import default_f, largest_f
 from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,
                            positive_int, unit_interval, when)
+from raysim.system.config import byzantine_count
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 ADAPTIVE = ("adam", "yogi", "adagrad")
 ROW_DATA = when("data.kind", "quadratic", negate=True)  # clients hold rows (minibatches exist)
-AGGREGATOR_DOCS = {  # the names of raysim.aggregators.AGGREGATORS (torch-free here), for raysim list
-    "mean": "weighted mean of the updates (FedAvg)",
-    "median": "coordinate-wise median (Yin et al. 2018)",
-    "trimmed_mean": "coordinate-wise mean without the trim·n largest and smallest values (Yin et al. 2018); key trim",
-    "krum": "the update closest to its n - f - 2 nearest neighbours (Blanchard et al. 2017); key byzantine_f",
-    "multi_krum": "mean of the m updates with the best Krum scores (Blanchard et al. 2017); keys byzantine_f, krum_m",
-    "geometric_median": "smoothed Weiszfeld geometric median, RFA (Pillutla et al. 2022); keys gm_nu, gm_iterations",
-    "centered_clipping": "clipped steps around the previous aggregate (Karimireddy et al. 2021); keys clip_radius, "
-                         "clip_iterations",
-    "bulyan": "Krum selection, then a coordinate-wise trimmed mean around the median (El Mhamdi et al. 2018); key "
-              "byzantine_f",
-}
-AGGREGATOR_NAMES = tuple(AGGREGATOR_DOCS)
-KRUM_FAMILY = ("krum", "multi_krum", "bulyan")
-COMPARING = ("median", "trimmed_mean", "geometric_median")  # rules that return a single input as it is
 betas = Check(lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)")
 
@@ -139,49 +127,31 @@ class AggregatorKeys:
     """How the server reduces a step's updates (a synchronous round, a FedBuff buffer): the plain
     mean or a robust rule, optionally on the means of random buckets of updates."""
 
-    aggregator: str = key("mean", "mean | median | trimmed_mean | krum | multi_krum | geometric_median | "
-                                  "centered_clipping | bulyan (raysim list), or package.module:function")
+    aggregator: str = key("mean", " | ".join(RULES) + " (raysim list), or package.module:function")
     bucket_size: int = key(1, "s: average random buckets of s updates, then aggregate the bucket means "
                               "(1: no bucketing)", check=positive_int, when=_aggregator("mean", negate=True))
     trim: float = key(0.1, "trimmed_mean: beta, the share of values dropped at each end of every coordinate",
-                      check=Check(lambda v: 0 <= v < 0.5, "a share in [0, 0.5)"), when=_aggregator("trimmed_mean"))
+                      check=Check(lambda v: 0 <= v < 0.5, "a share in [0, 0.5)"), when=_aggregator(*using("trim")))
     byzantine_f: Optional[int] = key(None, "krum, multi_krum, bulyan: f, the Byzantine inputs the rule guards "
                                            "against per step (null: the Byzantine share of the clients times the "
                                            "step's updates, rounded down; with bucketing each may spoil a bucket)",
                                      check=non_negative_int,
-                                     when=_aggregator(*KRUM_FAMILY))  # may exceed Krum's n > 2f + 2
+                                     when=_aggregator(*using("byzantine_f")))  # may exceed Krum's n > 2f + 2
     krum_m: Optional[int] = key(None, "multi_krum: m, the best-scored inputs averaged (null: n - f)",
-                                check=positive_int, when=_aggregator("multi_krum"))
+                                check=positive_int, when=_aggregator(*using("krum_m")))
     gm_nu: float = key(1e-6, "geometric_median: nu, the smoothing of Weiszfeld's weights 1/max(nu, distance)",
-                       check=positive, when=_aggregator("geometric_median"))
+                       check=positive, when=_aggregator(*using("gm_nu")))
     gm_iterations: int = key(10, "geometric_median: Weiszfeld iterations at most", check=positive_int,
-                             when=_aggregator("geometric_median"))
+                             when=_aggregator(*using("gm_iterations")))
     clip_radius: float = key(1.0, "centered_clipping: tau, the clipping radius around the previous aggregate",
-                             check=positive, when=_aggregator("centered_clipping"))
+                             check=positive, when=_aggregator(*using("clip_radius")))
     clip_iterations: int = key(1, "centered_clipping: clipping iterations per step", check=positive_int,
-                               when=_aggregator("centered_clipping"))
+                               when=_aggregator(*using("clip_iterations")))
     client_momentum: float = key(0.0, "beta: each client sends its momentum m <- beta*m + (1 - beta)*update (m "
                                       "kept per client from 0, as Karimireddy et al. pair with centered clipping); "
                                       "0: the update itself", check=unit_interval)
     aggregator_options: Dict[str, Any] = key(doc="a custom aggregator's keyword arguments", factory=dict,
-                                             when=_aggregator(*AGGREGATOR_NAMES, negate=True))
-
-
-def floor_share(share: float, count: int) -> int:
-    """⌊share × count⌋, rounded to 9 decimals first so that 0.29 × 100 gives 29, not 28."""
-    return math.floor(round(share * count, 9))
-
-
-def default_f(share: float, updates: int) -> int:
-    """Krum's and Bulyan's f when ``algorithm.byzantine_f`` is null: ⌊share × updates⌋, the Byzantine
-    updates a step of ``updates`` holds on average (with bucketing each may spoil a bucket)."""
-    return floor_share(share, updates)
-
-
-def largest_f(rule: str, n: int) -> int:
-    """The most Byzantine inputs f that ``rule`` accepts among ``n``: krum and multi_krum keep
-    n − f − 2 >= 1 neighbours (f <= n − 3); bulyan needs n >= 4f + 3 (f <= ⌊(n − 3) / 4⌋)."""
-    return (n - 3) // 4 if rule == "bulyan" else n - 3
+                                             when=_aggregator(*RULES, negate=True))
 
 
 def check_aggregator(cfg, num_clients: int) -> None:
@@ -191,16 +161,15 @@ def check_aggregator(cfg, num_clients: int) -> None:
     ``num_clients``."""
     a, e, b = cfg.algorithm, cfg.execution, cfg.system.byzantine
     if ":" in a.aggregator:
-        from raysim.catalog import import_callable
-
         import_callable("algorithm.aggregator", a.aggregator, "an aggregator function",  # as the server step calls it
                         "a function (updates, weights, **algorithm.aggregator_options)", None, None,
                         **dict(a.aggregator_options or {}))
         return
-    if a.aggregator not in AGGREGATOR_NAMES:
+    if a.aggregator not in RULES:
         raise ScenarioError("algorithm.aggregator", a.aggregator,
-                            "one of " + ", ".join(sorted(AGGREGATOR_NAMES)) + ", or package.module:function")
-    least = 3 if a.aggregator in KRUM_FAMILY else 2 if a.aggregator in COMPARING else 0
+                            "one of " + ", ".join(sorted(RULES)) + ", or package.module:function")
+    rule = RULES[a.aggregator]
+    least = rule.least_inputs
     if not least:
         return
     if e.mode == "sync":
@@ -215,7 +184,7 @@ def check_aggregator(cfg, num_clients: int) -> None:
     if n < least:
         raise ScenarioError("algorithm.aggregator", a.aggregator, f"a rule other than {a.aggregator} for steps of "
                                                                   f"n={n} inputs ({where}): it needs at least {least}")
-    if a.aggregator not in KRUM_FAMILY:
+    if not rule.takes_f:
         return
     if a.byzantine_f is not None:
         key_f, f, value, derived = "algorithm.byzantine_f", a.byzantine_f, a.byzantine_f, ""
@@ -392,8 +361,6 @@ class L2GDKeys(QuadraticUnitKeys, StepKeys):
             require_local_steps(cfg, "p defaults to 1/local_steps")
         if e.mode != "sync":
             raise ScenarioError("execution.mode", e.mode, "sync for algorithm.name=l2gd")
-        from raysim.data.files import CLIENTS_FROM_FILES
-
         if d.kind not in CLIENTS_FROM_FILES and e.clients_per_round != d.num_clients:
             raise ScenarioError("execution.clients_per_round", e.clients_per_round,
                                 f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import torch
 
-from raysim.aggregators import AGGREGATORS, bucketing, capped_f
+from raysim.aggregators import AGGREGATORS, bucketing
+from raysim.robust_f import capped_f
 
 
 def rule_params(name: str, clients: int) -> dict:

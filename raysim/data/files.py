@@ -15,19 +15,6 @@ from raysim.data.parquet import SPLIT_COLUMN, has_split_column
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
 
-DATA_FILES: dict[str, str] = {  # data.kind -> what data.path must name
-    "parquet": "Parquet file or directory",
-    "leaf": "LEAF JSON file, directory of them, or directory with train/ and test/ of them",
-    "mnist": "directory of the MNIST IDX files",
-    "fashion_mnist": "directory of the Fashion-MNIST IDX files",
-    "cifar10": "directory of the CIFAR-10 binary batches",
-    "cifar100": "directory of the CIFAR-100 binary files",
-}
-PARTITIONED_FILES = ("mnist", "fashion_mnist", "cifar10", "cifar100")  # centralized sets that data.partition splits
-CLIENTS_FROM_FILES = ("parquet", "leaf")  # kinds whose files decide the clients (data.num_clients is refused):
-# their client counts are checked in simulation.prepare once the data set is read
-
-
 def own_split(kind: str, path) -> str | None:
     """What in the files at ``path`` fixes the train/test split of a ``kind`` data set (so that
     data.test_fraction has nothing to do), or None."""

@@ -137,3 +137,19 @@ class GeneratedDataset:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(fill, np.array_split(np.arange(self.num_clients), 4 * workers)))
         return FederatedDataset.from_sorted(x, y, self._train, self._test, self.num_classes, self.feature_shape)
+
+
+def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
+    """Every row of the Gaussian-mixture benchmark (:class:`GaussianMixtureLaw`) in one table."""
+    return GeneratedDataset.create(GaussianMixtureLaw(seed), num_clients).materialize()
+
+
+def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
+                   test_fraction: float, iid: bool = False) -> FederatedDataset:
+    """Every row of LEAF/FedProx Synthetic(alpha, beta) (:class:`LeafSyntheticLaw`) in one table."""
+    return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction, iid), num_clients).materialize()
+
+
+def saddle(num_clients: int, samples_per_client: int, dim: int, test_fraction: float, seed: int) -> FederatedDataset:
+    """Every row of the saddle data (:class:`SaddleLaw`) in one table."""
+    return GeneratedDataset.create(SaddleLaw(seed, samples_per_client, dim, test_fraction), num_clients).materialize()

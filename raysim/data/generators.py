@@ -73,13 +73,6 @@ class GaussianMixtureLaw:
         return x, labels.astype(np.int64, copy=False)
 
 
-def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
-    """Every row of the Gaussian-mixture benchmark (:class:`GaussianMixtureLaw`) in one table."""
-    from raysim.data.generated import GeneratedDataset
-
-    return GeneratedDataset.create(GaussianMixtureLaw(seed), num_clients).materialize()
-
-
 class LeafSyntheticLaw:
     """LEAF/FedProx Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes,
     as the reference generators of LEAF and FedProx draw it (alpha and beta are standard deviations).
@@ -140,14 +133,6 @@ class LeafSyntheticLaw:
 
 
 _LEAF_STD_X = np.arange(1, _DIM + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
-
-
-def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
-                   test_fraction: float, iid: bool = False) -> FederatedDataset:
-    """Every row of LEAF/FedProx Synthetic(alpha, beta) (:class:`LeafSyntheticLaw`) in one table."""
-    from raysim.data.generated import GeneratedDataset
-
-    return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction, iid), num_clients).materialize()
 
 
 class SyntheticImagesLaw:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.data._checks import check_count, check_num_clients, check_test_fraction, test_rows_beside
-from raysim.data.federated import FederatedDataset
 from raysim.streams import Purpose, streams
 
 MEAN_LOW, MEAN_HIGH = 0.5, 1.5  # m_k ~ U[MEAN_LOW, MEAN_HIGH]
@@ -62,8 +61,3 @@ class SaddleLaw:
         return x.astype(np.float32), (gamma > 0).astype(np.int64)
 
 
-def saddle(num_clients: int, samples_per_client: int, dim: int, test_fraction: float, seed: int) -> FederatedDataset:
-    """Every row of the saddle data (:class:`SaddleLaw`) in one table."""
-    from raysim.data.generated import GeneratedDataset
-
-    return GeneratedDataset.create(SaddleLaw(seed, samples_per_client, dim, test_fraction), num_clients).materialize()

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Callable
 
 from raysim.algorithms.keys import check_aggregator
 from raysim.catalog import algorithm_keys, check_model_data
-from raysim.config import check_clients_per_round, check_eval_clients, to_yaml
+from raysim.config import check_clients_per_round, check_curvature, check_eval_clients, to_yaml
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
-from raysim.data.files import CLIENTS_FROM_FILES, DATA_FILES
-from raysim.footprint import check_curvature, check_fits
+from raysim.data.kinds import CLIENTS_FROM_FILES, DATA_FILES
+from raysim.footprint import check_fits
 from raysim.metrics import OutputDir
 from raysim.system import SystemModel
 

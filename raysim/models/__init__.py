@@ -13,6 +13,7 @@ from torch import nn
 
 from raysim.catalog import MODELS, check_model_data
 from raysim.errors import ScenarioError
+from raysim.importing import call_imported
 from raysim.models.bilinear import Bilinear
 from raysim.models.flat import FlatModel
 from raysim.models.split import add_adapters, personal_mask
@@ -80,8 +81,6 @@ def _module(cfg, feature_shape: tuple, num_classes: int, seed: int) -> nn.Module
 
 def _custom(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
     """A user's ``package.module:factory(feature_shape, num_classes, **model.options)``."""
-    from raysim.catalog import call_imported
-
     what = "a function returning a torch.nn.Module"
     module = call_imported("model.kind", cfg.kind, what, feature_shape, num_classes, **dict(cfg.options or {}))
     if not isinstance(module, nn.Module):

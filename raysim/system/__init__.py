@@ -7,10 +7,19 @@ function of (seed, client id, task counter). ``SystemConfig`` is the ``system:``
 section of a scenario; ``DISTRIBUTIONS`` describes every ``kind`` per section.
 """
 
-from raysim.system.config import (DISTRIBUTIONS, AvailabilityConfig, ByzantineConfig, ComputeConfig, DistributionConfig,
-                                  NetworkConfig, SystemConfig, Tier, UnreliableConfig)
-from raysim.system.model import PROFILE_STREAMS, SystemModel, TaskTiming
-from raysim.system.validate import validate_system
+from __future__ import annotations
 
-__all__ = ["DISTRIBUTIONS", "PROFILE_STREAMS", "AvailabilityConfig", "ByzantineConfig", "ComputeConfig", "DistributionConfig",
-           "NetworkConfig", "SystemConfig", "SystemModel", "TaskTiming", "Tier", "UnreliableConfig", "validate_system"]
+import importlib
+
+_EXPORTS = {**dict.fromkeys(["DISTRIBUTIONS", "AvailabilityConfig", "ByzantineConfig", "ComputeConfig",
+                             "DistributionConfig", "NetworkConfig", "SystemConfig", "Tier", "UnreliableConfig"],
+                            "config"),
+            **dict.fromkeys(["PROFILE_STREAMS", "SystemModel", "TaskTiming"], "model"), "validate_system": "validate"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:  # the model and the checks load pyarrow (trace files): only when used
+        return getattr(importlib.import_module(f"raysim.system.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'raysim.system' has no attribute {name!r}")

@@ -1,0 +1,263 @@
+"""The scenario's checks, each run once: what the keys alone decide, in :func:`validate` (when the
+scenario is loaded, before Ray starts); what needs the built data set or model, in
+:func:`check_built`, right after they are built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from omegaconf import DictConfig, OmegaConf
+
+from raysim.algorithms.keys import check_aggregator
+from raysim.catalog import (ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_keys, check_init, check_model_data,
+                            parameter_count)
+from raysim.data._checks import check_num_clients
+from raysim.data.federated import FederatedDataset
+from raysim.data.files import own_split
+from raysim.data.generated import GeneratedDataset
+from raysim.data.kinds import CLIENTS_FROM_FILES, DATA_FILES, DATASETS, PARTITIONED_FILES
+from raysim.data.partition import PARTITIONERS
+from raysim.data.sizes import data_shape
+from raysim.errors import ScenarioError
+from raysim.importing import import_object
+from raysim.scenario.schema import (SPLIT_KINDS, DataConfig, EvalConfig, ExecutionConfig, ModelConfig, OutputConfig,
+                                    PartitionConfig, RuntimeConfig, Scenario)
+from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, non_negative, positive,
+                           require, require_one_of)
+from raysim.system import validate_system
+from raysim.system.config import OMNISCIENT_ATTACKS, byzantine_count
+
+CURVATURE_MAX_PARAMETERS = 2000  # eval.curvature's full float64 Hessian: at most 32 MB, and P passes per evaluation
+
+
+def _custom_or_one_of(path: str, name: str, builtins, options, what: str) -> None:
+    """``name`` is a built-in, or ``package.module:function`` that imports to a callable; the
+    section's ``options`` (keyword arguments) are only for such a function."""
+    if ":" not in name:
+        require_one_of(path, name, builtins)
+        section = path.rsplit(".", 1)[0]
+        require(not options, f"{section}.options", OmegaConf.to_container(options), f"no setting (it applies only "
+                f"with a custom {path}: package.module:function; here {path} = {name!r})")
+    elif not callable(import_object(path, name, what)):
+        raise ScenarioError(path, name, what)
+
+
+def check_curvature(size: int) -> None:
+    """``eval.curvature`` needs a full Hessian: refuse models of more than CURVATURE_MAX_PARAMETERS parameters."""
+    if size > CURVATURE_MAX_PARAMETERS:
+        raise ScenarioError("eval.curvature", True, f"false for a model of {size} parameters (a full Hessian: at "
+                                                    f"most {CURVATURE_MAX_PARAMETERS})")
+
+
+def model_size(cfg) -> int:
+    """Parameters of the scenario's model, counted from its keys (0 for a custom model or data kind)."""
+    _, features, classes, _, _ = data_shape(cfg.data)
+    return parameter_count(cfg.model, features, classes)[0]
+
+
+def check_clients_per_round(cfg, num_clients: int) -> None:
+    """A synchronous round samples at most every one of the data set's ``num_clients`` clients."""
+    k = cfg.execution.clients_per_round
+    require(cfg.execution.mode != "sync" or 1 <= k <= num_clients, "execution.clients_per_round", k,
+            f"an integer in [1, {num_clients}] (the data set's number of clients)")
+
+
+def check_eval_clients(clients: int | None, num_clients: int) -> None:
+    """``eval.clients`` is null or at most the number of clients."""
+    require(clients is None or clients <= num_clients, "eval.clients", clients,
+            f"null (every client) or an integer in [1, {num_clients}] (the data set's number of clients)")
+
+
+def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
+    """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
+    paths the scenario sets) would be ignored; raise ScenarioError on the first bad one (for
+    one of ``unsettable``, set by the scenario rather than an override, it names ``~KEY``)."""
+    require(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
+            "a non-empty name of letters, digits, '.', '_' or '-'")
+    require(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
+    check_num_clients(cfg.data.num_clients)
+    check_numbers(cfg)
+
+    d = cfg.data
+    _custom_or_one_of("data.kind", d.kind, DATASETS, d.options, "a function returning a raysim.data.FederatedDataset")
+    require(0.0 <= d.test_fraction < 1.0, "data.test_fraction", d.test_fraction, "a number in [0, 1)")
+    non_negative("data.alpha", d.alpha)
+    non_negative("data.beta", d.beta)
+    if d.kind in SPLIT_KINDS:
+        p = d.partition
+        require_one_of("data.partition.kind", p.kind, PARTITIONERS)
+        check_values(cfg, PartitionConfig, "data.partition")
+        if p.kind == "pathological":
+            require(d.num_clients % 2 == 0, "data.num_clients", d.num_clients,
+                    "an even number with data.partition.kind=pathological")
+    if d.kind in DATA_FILES:
+        exists = os.path.isdir if d.kind in PARTITIONED_FILES else os.path.exists
+        require(d.path is not None and exists(d.path), "data.path", d.path, "an existing " + DATA_FILES[d.kind])
+    if d.image_shape is not None and d.kind == "synthetic_images":
+        require(len(d.image_shape) == 3 and all(s > 0 for s in d.image_shape) and d.image_shape[1] % 4 == 0
+                and d.image_shape[2] % 4 == 0, "data.image_shape", list(d.image_shape),
+                "[channels, height, width] of positive sizes, height and width multiples of 4")
+    elif d.image_shape is not None:
+        require(len(d.image_shape) in (2, 3) and all(s > 0 for s in d.image_shape), "data.image_shape",
+                list(d.image_shape), "[height, width] or [channels, height, width] of positive sizes")
+    if d.kind in ("blobs", "synthetic_images"):
+        require(isinstance(d.num_classes, int) and d.num_classes >= 2, "data.num_classes", d.num_classes,
+                "an integer >= 2")
+    check_values(cfg, DataConfig, "data")
+
+    m = cfg.model
+    _custom_or_one_of("model.kind", m.kind, MODELS, m.options, "a function returning a torch.nn.Module")
+    require((m.kind == "quadratic") == (d.kind == "quadratic"), "model.kind", m.kind,
+            "quadratic with data.kind=quadratic" if d.kind == "quadratic"
+            else "a model for row data (not quadratic, which needs data.kind=quadratic)")
+    require((m.kind == "bilinear") == (d.kind == "saddle"), "model.kind", m.kind,
+            "bilinear with data.kind=saddle" if d.kind == "saddle"
+            else "a model for this data (not bilinear, which needs data.kind=saddle)")
+    check_values(cfg, ModelConfig, "model")
+    if cfg.eval.curvature:
+        require(d.kind != "quadratic", "eval.curvature", True,
+                "false with data.kind=quadratic (its exact metrics are logged at every server step already)")
+        check_curvature(model_size(cfg))  # a custom model is checked once built (check_model)
+    personal = m.personal if isinstance(m.personal, str) else OmegaConf.to_container(m.personal)
+    require(personal in PERSONAL_MODES or (isinstance(personal, list) and personal
+                                           and all(isinstance(x, str) for x in personal)),
+            "model.personal", personal,
+            "one of " + ", ".join(PERSONAL_MODES) + ", or a list of parameter-name patterns")
+    require_one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
+    check_init(personal, m.personal_init)  # personal_init is one of PERSONAL_INITS, and fits the split
+    require(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
+    require_one_of("model.activation", m.activation, ACTIVATIONS)
+    require(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
+            "a non-empty list of positive channel counts")
+
+    keys = algorithm_keys(cfg.algorithm.name)
+    check_values(cfg, keys, "algorithm")
+
+    e = cfg.execution
+    require_one_of("execution.mode", e.mode, ["async", "sync"])
+    if e.deadline is not None:
+        positive("execution.deadline", e.deadline)
+    require(e.over_selection >= 1.0, "execution.over_selection", e.over_selection,
+            "a factor >= 1 (1: no over-selection)")
+    require_one_of("execution.aggregation", e.aggregation, ["fedasync", "fedbuff"])
+    require_one_of("execution.staleness.kind", e.staleness.kind, ["constant", "hinge", "polynomial"])
+    non_negative("execution.staleness.a", e.staleness.a)
+    non_negative("execution.staleness.b", e.staleness.b)
+    if e.max_virtual_time is not None:
+        positive("execution.max_virtual_time", e.max_virtual_time)
+    if e.target_accuracy is not None:
+        require(0 < e.target_accuracy <= 1, "execution.target_accuracy", e.target_accuracy, "a number in (0, 1]")
+    if e.mode == "async":
+        require(e.max_updates is not None or e.max_virtual_time is not None, "execution.max_updates", None,
+                "a budget for async mode: execution.max_updates or execution.max_virtual_time "
+                "(execution.target_accuracy may stop it earlier)")
+        if e.target_accuracy is not None:
+            require(cfg.eval.every > 0, "eval.every", cfg.eval.every,
+                    "> 0 with execution.target_accuracy (accuracy is only known at evaluations)")
+    if d.kind not in CLIENTS_FROM_FILES:  # else the files decide: checked once read
+        check_clients_per_round(cfg, d.num_clients)
+    check_values(cfg, ExecutionConfig, "execution")
+
+    r = cfg.runtime
+    require_one_of("runtime.backend", r.backend, ["local", "ray"])
+    require_one_of("runtime.scheduler", r.scheduler, ["actor", "auto", "driver"])
+    require_one_of("runtime.placement", r.placement, ["pack", "spread"])
+    na = r.num_actors
+    require(na == "auto" or (isinstance(na, int) and not isinstance(na, bool) and na > 0),
+            "runtime.num_actors", na, "a positive integer or 'auto'")
+    positive("runtime.cpus_per_actor", r.cpus_per_actor)
+    non_negative("runtime.gpus_per_actor", r.gpus_per_actor)
+    require(r.gpus_per_actor <= 1 or float(r.gpus_per_actor).is_integer(), "runtime.gpus_per_actor",
+            r.gpus_per_actor, "a fraction in [0, 1] or a whole number of GPUs")
+    if r.num_gpus is not None:
+        non_negative("runtime.num_gpus", r.num_gpus)
+    cpt = r.clients_per_task
+    require(cpt == "auto" or (isinstance(cpt, int) and not isinstance(cpt, bool) and cpt > 0),
+            "runtime.clients_per_task", cpt, "a positive integer or 'auto'")
+    check_values(cfg, RuntimeConfig, "runtime")
+    if r.backend == "ray":
+        for path in ("data.kind", "model.kind", "algorithm.name", "algorithm.aggregator"):
+            target = OmegaConf.select(cfg, path)
+            require(not (isinstance(target, str) and target.startswith("__main__:")), path, target,
+                    "a package.module:name that Ray's worker processes can import (__main__ is the driver's "
+                    "script there: move the definition into a module, or use runtime.backend=local)")
+
+    validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
+    _check_byzantine(cfg)
+
+    v = cfg.eval
+    check_values(cfg, EvalConfig, "eval")
+    if d.kind not in CLIENTS_FROM_FILES:  # else the files decide the number of clients: checked once read
+        check_eval_clients(v.clients, d.num_clients)
+
+    require(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
+    check_values(cfg, OutputConfig, "output")
+    from raysim.metrics.tensorboard import check_tensorboard  # pyarrow: loaded by the run, not by validation
+
+    check_tensorboard(cfg.output)
+
+    for path in explicit:
+        why = why_ignored(cfg, keys, path)
+        if why is None and path == "data.test_fraction":
+            why = own_split(d.kind, d.path)
+        if why is not None:
+            value = OmegaConf.select(cfg, path)
+            unset = f"; ~{path.split('[')[0]} unsets it" if path in unsettable else ""  # a list: all of it
+            raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
+                                f"no setting ({why}){unset}")
+    if field_of(keys, "aggregator") is not None and cfg.data.kind not in CLIENTS_FROM_FILES:  # else: prepare
+        check_aggregator(cfg, cfg.data.num_clients)
+    keys.check(cfg)
+
+
+def check_data_set(cfg, dataset) -> None:
+    """What needs the built data set, checked right after it is built (before Ray starts): the
+    built-in model kind takes its shape and classes, the algorithm's ``check_data`` accepts its
+    clients' training rows, and where the files decide the clients (parquet, leaf),
+    ``clients_per_round``, ``eval.clients`` and the aggregator's inputs fit their number (from
+    the keys alone, :func:`validate` checks them for every other kind)."""
+    check_model_data(cfg.model.kind, dataset.feature_shape, dataset.num_classes,
+                     cfg.data.path if cfg.data.kind in DATA_FILES else None)
+    if isinstance(dataset, (FederatedDataset, GeneratedDataset)):
+        check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
+        if check_data is not None:
+            check_data(cfg, dataset.train_sizes())
+    if cfg.data.kind in CLIENTS_FROM_FILES:
+        check_clients_per_round(cfg, dataset.num_clients)
+        check_eval_clients(cfg.eval.clients, dataset.num_clients)
+        if "aggregator" in cfg.algorithm:
+            check_aggregator(cfg, dataset.num_clients)
+
+
+def check_model(cfg, model) -> None:
+    """What needs the built model, checked once it is built: a custom model's size for
+    ``eval.curvature`` (a built-in's is counted from its keys by :func:`validate`)."""
+    if cfg.eval.curvature and ":" in cfg.model.kind:
+        check_curvature(model.size)
+
+
+def why_ignored(cfg: DictConfig, keys: type, path: str) -> str | None:
+    """Why the key at ``path`` would be ignored by the scenario ``cfg`` (``keys``: its algorithm's
+    keys dataclass), or None if it applies."""
+    section, _, rest = path.partition(".")
+    return (inapplicable(cfg, keys, "algorithm", rest) if section == "algorithm"
+            else inapplicable(cfg, Scenario, "", path))
+
+
+def _check_byzantine(cfg: DictConfig) -> None:
+    """Byzantine clients exist if asked for, and their attack fits the data and the execution mode."""
+    b, e, d = cfg.system.byzantine, cfg.execution, cfg.data
+    if b.fraction > 0 and d.kind not in CLIENTS_FROM_FILES:
+        require(byzantine_count(b, d.num_clients) > 0, "system.byzantine.fraction", b.fraction,
+                f"0, or a share that marks at least one of the data.num_clients={d.num_clients} clients "
+                f"(round(fraction × clients) Byzantine clients)")
+    if b.attack == "label_flip":
+        require(cfg.data.kind != "quadratic", "system.byzantine.attack", b.attack,
+                "an update attack (sign_flip, gaussian, nan, alie, ipm) with data.kind=quadratic (its clients "
+                "have no labels to flip)")
+    if b.attack in OMNISCIENT_ATTACKS and e.mode == "async" and e.aggregation == "fedasync":
+        require(b.window is not None, "system.byzantine.window", b.window,
+                f"a positive number of honest updates for attack {b.attack} under execution.aggregation=fedasync "
+                "(a step holds one update: the attack sees the last `window` honest ones)")
