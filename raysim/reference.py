@@ -13,7 +13,7 @@ import re
 import typing
 from typing import Any, Iterator
 
-from raysim.algorithms.keys import AGGREGATOR_DOCS
+from raysim.algorithms.rules import AGGREGATOR_DOCS
 from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
 from raysim.config import Scenario
 from raysim.data import DATASETS
@@ -128,7 +128,8 @@ def _algorithm_keys() -> list[str]:
     """Every built-in algorithm's key, once per distinct (default, doc, allowed, conditions), with the
     algorithms that take it so."""
     takers: dict[tuple[str, ...], list[str]] = {}
-    for name, (_, keys_class) in ALGORITHMS.items():
+    for name, builtin in ALGORITHMS.items():
+        keys_class = builtin.keys
         for row in _own_keys(keys_class):
             takers.setdefault(tuple(row.cells()), []).append(name)
     rows = [[*cells[:2], _which(names), *cells[2:]] for cells, names in takers.items()]
@@ -177,13 +178,14 @@ def markdown() -> str:
             "`Keys` dataclass declares its keys: `raysim list package.module:Class --markdown`); the other "
             "`algorithm.*` keys are that algorithm's own.", ""]
     out += table(("`algorithm.name`", "what it is", "its keys"),
-                 [[f"`{name}`", algorithm_doc(keys), ", ".join(r.path.split(".", 1)[1] for r in _own_keys(keys))]
-                  for name, (_, keys) in ALGORITHMS.items()])
+                 [[f"`{name}`", algorithm_doc(builtin.keys),
+                   ", ".join(r.path.split(".", 1)[1] for r in _own_keys(builtin.keys))]
+                  for name, builtin in ALGORITHMS.items()])
     out += ["", "Each key with its default for the algorithms that take it (a key whose default or meaning differs "
             "between algorithms has a row for each):", ""] + _algorithm_keys() + [""]
     out += ["## names", "", "The names the `kind` keys and their kin take (besides `package.module:name` for your "
             "own data set, model, algorithm or aggregator).", ""]
-    named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", MODELS),
+    named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", {name: kind.doc for name, kind in MODELS.items()}),
              ("algorithm.aggregator", AGGREGATOR_DOCS)]
     sections = dict.fromkeys(name.split(".")[0] for name in DISTRIBUTIONS)  # in the order they are declared
     named += [(_system_keys(s), {n.split(".", 1)[1]: d for n, d in DISTRIBUTIONS.items() if n.split(".")[0] == s})

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from raysim.config import load_scenario
 from raysim.errors import ScenarioError, first_line
-from raysim.sweep.results import METRICS
+from raysim.sweep.results import METRICS, value_text
 
 SECTION_KEYS = ("scenario", "grid", "repeat", "out", "parallel", "plots")
 SCENARIO = "scenario"  # the grid key whose values are scenario files
@@ -100,12 +98,6 @@ def parse_value(text: str, key: str):
         return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]))["v"]
     except OmegaConfBaseException as exc:
         raise ScenarioError(f"grid key {key}", text, f"a YAML value ({first_line(exc)})") from None
-
-
-def value_text(value) -> str:
-    """A value as ``key=value`` override text (YAML flow style, read back to the same value)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
-    return text.removesuffix("...").strip()
 
 
 def parse_grid_options(options) -> dict:

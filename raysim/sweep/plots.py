@@ -11,7 +11,7 @@ from matplotlib.ticker import MaxNLocator
 
 from raysim.measure import MIB
 from raysim.metrics.report import DPI, new_figure
-from raysim.sweep.plan import value_text
+from raysim.sweep.results import value_text
 
 LABELS = {  # metric -> (axis label, scale)
     "steady_updates_per_second": ("steady updates per second", 1.0),

@@ -9,12 +9,14 @@ its ``scenario.yaml`` is the point's scenario and that file says the sweep saw i
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 from omegaconf import OmegaConf
 
 from raysim.errors import ScenarioError
@@ -141,11 +143,15 @@ def point_row(point) -> dict:
     return row
 
 
+def value_text(value) -> str:
+    """A value as ``key=value`` override text (YAML flow style, read back to the same value)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
+    return text.removesuffix("...").strip()
+
+
 def write_table(rows: list[dict], grid_keys, path: Path) -> None:
     """sweep.parquet: one row per point and repeat; a grid column whose values have no common
     Arrow type (e.g. 2 and 'auto') holds them as YAML text."""
-    from raysim.sweep.plan import value_text
-
     columns = {}
     for name in [*grid_keys, *_TYPES]:
         values = [row[name] for row in rows]
