@@ -20,7 +20,7 @@ class ClientActor:
     a new one and its calls sent again (see :class:`actors.runtime.ActorPool`).
     """
 
-    def __init__(self, scenario: dict, table, actor_index: int):
+    def __init__(self, scenario, table, actor_index: int):
         with long_lived():  # torch loads here, not when Ray imports this module
             import torch
 

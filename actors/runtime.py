@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.jobs import job_address
 from actors.payloads import pack
-from raysim.config import actors_that_fit
+from raysim.scenario.schema import actors_that_fit
 from raysim.engine.interrupts import deferred_signals
 from raysim.errors import (RunError, ScenarioError, SchedulerLost,  # SchedulerLost: what RemoteScheduler raises
                            first_line, last_line)
@@ -280,7 +280,7 @@ class RayRuntime:
             _stop_idle_daemons()
         self._owns_ray = True
 
-    def load(self, scenario: dict, dataset):
+    def load(self, scenario, dataset):
         from actors.client_actor import ClientActor
         from raysim.data import open_dataset
 
@@ -297,7 +297,7 @@ class RayRuntime:
         self.pool.describe()  # waits until every actor is up (one that dies meanwhile is replaced)
         return open_dataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
-    def scheduler(self, scenario: dict, dataset):
+    def scheduler(self, scenario, dataset):
         """The SchedulerActor — or, with ``runtime.scheduler: driver`` (``auto`` with an embedded
         Ray), the same Scheduler in this process, which saves a process and its start-up.
         Called again (after :class:`SchedulerLost`), a new one over the same ClientActors; a

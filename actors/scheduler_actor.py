@@ -13,7 +13,7 @@ class SchedulerActor:
     :class:`actors.runtime.ActorPool`); the driver calls the Scheduler's methods below (through
     :class:`actors.runtime.RemoteScheduler`) and writes rows."""
 
-    def __init__(self, scenario: dict, table, pool):
+    def __init__(self, scenario, table, pool):
         with long_lived():
             from raysim.engine.scheduler import Scheduler
 

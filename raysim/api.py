@@ -50,14 +50,15 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     as long-lived objects (:func:`raysim.loading.long_lived`; for the command line)."""
     from contextlib import nullcontext
 
-    from raysim.engine.simulation import prepare, run_scenario
+    from raysim.engine.run import run_scenario
+    from raysim.preparation import prepare
     from raysim.loading import long_lived
 
     runtime = make_runtime(cfg)
     try:
         with long_lived() if freeze else nullcontext():
             prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint)  # Ray starts while torch loads
-        summary = run_scenario(cfg, prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
+        summary = run_scenario(prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
     finally:
         runtime.close()
     return summary, prepared
@@ -68,7 +69,7 @@ def run(scenario, overrides: Sequence[str] = (), progress=None) -> RunResult:
     ``~key``: unset) ``overrides``, as ``raysim run`` does; bad input raises :class:`raysim.errors.ScenarioError`
     before any runtime starts, a failed run :class:`raysim.errors.RunError` (rows written so far
     stay in the output directory). ``progress(report)`` sees each report of the scheduler."""
-    from raysim.config import load_scenario
+    from raysim.scenario import load_scenario
 
     cfg = load_scenario(scenario, list(overrides))
     return _result(cfg, *execute(cfg, progress))
@@ -79,7 +80,7 @@ def resume(run_dir: str, overrides: Sequence[str] = (), progress=None) -> RunRes
     may only change keys that cannot change results (``runtime.*``, ``data.on_demand``,
     ``data.cache_mb``, ``output.flush_seconds``, ``output.checkpoint_*``). The result equals the
     uninterrupted run's (wall-clock columns aside)."""
-    from raysim.engine.resume import load_resume
+    from raysim.resuming import load_resume
 
     cfg, checkpoint = load_resume(run_dir, list(overrides))
     return _result(cfg, *execute(cfg, progress, checkpoint=checkpoint))
@@ -97,7 +98,7 @@ def load_model(run_dir: str):
     import torch
     from omegaconf import OmegaConf
 
-    from raysim.config import ModelConfig
+    from raysim.scenario import ModelConfig
     from raysim.models import build_model
 
     out = OutputDir.open(run_dir, create=False)

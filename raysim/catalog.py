@@ -156,7 +156,7 @@ def check_init(personal, how: str) -> None:
 def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: str | None = None) -> None:
     """The built-in ``model.kind`` takes data of ``feature_shape`` with ``num_classes`` classes (0: the
     quadratic problem); else ScenarioError, naming ``source`` (the data's file, if it has one). Torch-free,
-    so that :func:`raysim.engine.simulation.prepare` checks it before Ray starts;
+    so that :func:`raysim.preparation.prepare` checks it before Ray starts;
     :func:`raysim.models.build_model` checks it before building."""
     shape = [int(size) for size in feature_shape]
     seen = f"(features {'here' if source is None else f'of data.path {source!r}'} have shape {shape})"

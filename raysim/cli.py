@@ -51,14 +51,14 @@ class ProgressBar:
 
 
 def cmd_run(args) -> int:
-    from raysim.config import load_scenario
+    from raysim.scenario import load_scenario
 
     began = time.perf_counter()
     return _execute(load_scenario(args.scenario, args.overrides), args, began)
 
 
 def cmd_resume(args) -> int:
-    from raysim.engine.resume import load_resume
+    from raysim.resuming import load_resume
 
     began = time.perf_counter()
     if args.address is not None:  # as a Ray job: the run's directory must be one the cluster reaches
@@ -98,7 +98,7 @@ def _stopped_line(cfg, resuming: bool) -> str:
     """What Ctrl-C or SIGTERM left in the run's directory: a checkpoint to resume from, or nothing
     yet. A new run stopped during start-up has not cleared the directory: a checkpoint there is an
     earlier run's, which continues this run only if that run had the same scenario."""
-    from raysim.config import to_yaml
+    from raysim.scenario import to_yaml
     from raysim.lifecycle import terminated
     from raysim.metrics import OutputDir
     from raysim.metrics.output import CHECKPOINT  # not raysim.engine.checkpoint: torch may be half imported
@@ -145,8 +145,8 @@ def _budget(ex) -> str:
 
 
 def cmd_validate(args) -> int:
-    from raysim.config import load_scenario
-    from raysim.engine.simulation import prepare
+    from raysim.scenario import load_scenario
+    from raysim.preparation import prepare
     from raysim.footprint import summary
 
     from raysim.sweep import plan_sweep, read_scenario
@@ -177,7 +177,7 @@ def cmd_list(args) -> int:
     import yaml
 
     from raysim.catalog import ALGORITHMS, MODELS, algorithm_class, algorithm_doc, algorithm_keys
-    from raysim.config import Scenario
+    from raysim.scenario import Scenario
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
     from raysim.algorithms.rules import AGGREGATOR_DOCS
@@ -225,7 +225,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from raysim.config import load_scenario
+    from raysim.scenario import load_scenario
     from raysim.sweep import plan_sweep, read_scenario
 
     if read_scenario(args.scenario)[1]:  # a sweep: section: the job runs `raysim sweep FILE`

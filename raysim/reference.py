@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from raysim.algorithms.rules import AGGREGATOR_DOCS
 from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
-from raysim.config import Scenario
+from raysim.scenario import Scenario
 from raysim.data import DATASETS
 from raysim.data.partition import PARTITIONERS
 from raysim.schema import Rule, When, path_schema

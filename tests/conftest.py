@@ -8,7 +8,7 @@ import socket
 import psutil
 import pytest
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.data.kinds import CLIENTS_FROM_FILES
 
 # 4 logical CPUs (so 4 one-CPU actors fit on this 2-core machine) and 1 logical GPU

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import small_scenario
-from omegaconf import OmegaConf
-
 from raysim.algorithms import ClientUpdates, make_algorithm
 from raysim.algorithms import transforms as tf
-from raysim.config import scenario_object
+from raysim.scenario import scenario_object
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.errors import ScenarioError
 from raysim.models import build_model
 
@@ -22,7 +21,7 @@ from raysim.models import build_model
 def _run(cfg) -> dict:
     runtime = LocalRuntime()
     try:
-        return run_scenario(cfg, prepare(cfg), runtime)
+        return run_scenario(prepare(cfg), runtime)
     finally:
         runtime.close()
 
@@ -47,7 +46,7 @@ def test_methods_that_reduce_to_fedavg_give_its_model_bytes(tmp_path, mode):
 
 def _algorithm(tmp_path, *overrides):
     cfg = small_scenario(tmp_path, *overrides)
-    scenario = scenario_object(OmegaConf.to_container(cfg, resolve=True))
+    scenario = scenario_object(cfg)
     model = build_model(scenario.model, (4,), 3, seed=0)
     return make_algorithm(scenario, model, None, num_clients=10), model
 
@@ -182,7 +181,7 @@ def test_oracles_give_hessian_vector_products():
     """The row oracle's double-backward product matches a finite difference of its gradients, and
     the quadratic oracle's closed form matches autograd's Hessian of the problem's value."""
     from raysim.algorithms.oracles import QuadraticOracle, RowOracle, minibatch_plan
-    from raysim.config import ModelConfig
+    from raysim.scenario import ModelConfig
     from raysim.data.quadratic import generate_quadratic
 
     gen = torch.Generator().manual_seed(0)

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from raysim.catalog import ALGORITHMS, parameter_count
 from raysim.cli import main
-from raysim.config import Scenario, load_scenario
+from raysim.scenario import Scenario, load_scenario
 from raysim.data import build_dataset
 from raysim.data.parquet import load_parquet, parquet_shape
 from raysim.errors import ScenarioError
@@ -488,7 +488,7 @@ def test_a_cifar_resnet_run_is_estimated_at_its_model_and_data(tmp_path):
     ("resnet18_gn", (5, 9, 13), 3, "none"),
 ])
 def test_parameter_count_of_the_benchmark_models(kind, shape, classes, personal):
-    from raysim.config import ModelConfig
+    from raysim.scenario import ModelConfig
     from raysim.models import build_model
 
     model_cfg = ModelConfig(kind=kind, personal=personal)

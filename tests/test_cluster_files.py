@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.errors import ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]

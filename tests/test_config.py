@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from raysim.cli import main
-from raysim.config import TOP_LEVEL_KEYS, load_scenario, to_yaml
+from raysim.scenario import TOP_LEVEL_KEYS, load_scenario, to_yaml
 from raysim.errors import ScenarioError
 
 

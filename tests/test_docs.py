@@ -28,7 +28,7 @@ def test_keys_md_is_the_schema_as_generated(capsys):
 
 def test_keys_md_holds_every_key_of_the_schema_and_of_each_algorithm():
     from raysim.catalog import ALGORITHMS
-    from raysim.config import Scenario
+    from raysim.scenario import Scenario
     from raysim.schema import describe
 
     text = KEYS.read_text(encoding="utf-8")

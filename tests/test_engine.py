@@ -17,13 +17,14 @@ from conftest import small_scenario
 from raysim.engine.run import Tally
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.payloads import MAX_HANDLES
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.system import SystemModel
 from raysim.errors import DivergenceError
 
 
 def _run(cfg):
-    return run_scenario(cfg, prepare(cfg), LocalRuntime())
+    return run_scenario(prepare(cfg), LocalRuntime())
 
 
 def test_outputs_have_the_promised_columns_and_rows(tmp_path):
@@ -123,14 +124,13 @@ def test_broadcast_model_versions_kept_are_bounded_by_those_in_use(tmp_path):
     """Broadcast versions that no unsent task refers to are forgotten once the kept ones reach
     MAX_HANDLES or twice those in use at the last clear-out (fewer than a task's 100 here): never
     one an unsent task needs, and never hundreds."""
-    from omegaconf import OmegaConf
-
     from raysim.data import build_dataset
+    from raysim.scenario import scenario_object
 
     cfg = small_scenario(tmp_path, "data.num_clients=400", "model.kind=logreg", "execution.mode=async",
                          "execution.concurrency=300", "execution.max_updates=600", "runtime.clients_per_task=100",
                          "eval.every=0")
-    scenario, runtime = OmegaConf.to_container(cfg, resolve=True), LocalRuntime()
+    scenario, runtime = scenario_object(cfg), LocalRuntime()
     scheduler = runtime.scheduler(scenario, runtime.load(scenario, build_dataset(cfg.data, cfg.seed)))
     most = 0
     while not scheduler.done:
@@ -193,7 +193,7 @@ def test_interrupted_run_keeps_readable_metrics(tmp_path):
 
 def test_the_line_after_ctrl_c_offers_only_this_runs_checkpoint(tmp_path):
     from raysim.cli import _stopped_line
-    from raysim.config import to_yaml
+    from raysim.scenario import to_yaml
 
     cfg = small_scenario(tmp_path)
     run = tmp_path / "out"

@@ -17,14 +17,15 @@ from raysim.algorithms import RowData
 from raysim.engine.evaluation import client_tests, pooled
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.run_evaluation import evaluates_on_hosts
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.models import FlatModel
 
 METRICS = ["round", "virtual_time", "train_loss", "test_loss", "test_accuracy", "clients", "samples"]
 
 
 def _metrics(cfg) -> tuple[dict, dict]:
-    summary = run_scenario(cfg, prepare(cfg), LocalRuntime())
+    summary = run_scenario(prepare(cfg), LocalRuntime())
     table = pq.read_table(f"{cfg.output.dir}/rounds.parquet")
     return summary, {c: table.column(c).to_pylist() for c in METRICS}
 

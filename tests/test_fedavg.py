@@ -13,7 +13,7 @@ from raysim.algorithms.keys import FedAvgKeys
 from raysim.algorithms.local import local_train
 from raysim.algorithms.oracles import RowOracle, minibatch_plan
 from raysim.algorithms.transforms import add_weight_decay, chain, scale
-from raysim.config import ModelConfig
+from raysim.scenario import ModelConfig
 from raysim.data import FederatedDataset
 from raysim.models import build_model
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import small_scenario
-from omegaconf import OmegaConf
 
 from raysim.engine.host import ClientHost, Task
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.errors import RunError, ScenarioError
 
 QUADRATIC = ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6", "data.d_w=3",
@@ -22,14 +22,14 @@ QUADRATIC = ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_t
 def _run(cfg):
     runtime = LocalRuntime()
     try:
-        return run_scenario(cfg, prepare(cfg), runtime)
+        return run_scenario(prepare(cfg), runtime)
     finally:
         runtime.close()
 
 
 def _host(cfg):
     prepared = prepare(cfg, create_output=False)
-    return ClientHost(OmegaConf.to_container(cfg, resolve=True), prepared.dataset.table), prepared
+    return ClientHost(prepared.scenario, prepared.dataset.table), prepared
 
 
 def _ffgg_delta(host, params, client=0):

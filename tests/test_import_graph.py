@@ -131,11 +131,11 @@ LAYERS = (  # bottom up; a module sits in the layer of the longest name that hol
      "raysim.data$", "raysim.system$"),  # the ground floor, and the packages that load their modules lazily
     ("raysim.data", "raysim.system", "raysim.metrics"),  # data sets, the system model, the logs
     ("raysim.catalog", "raysim.algorithms.keys", "raysim.scenario$", "raysim.scenario.schema"),  # names, the schema
-    ("raysim.scenario", "raysim.config", "raysim.footprint"),  # loading and checking a scenario
+    ("raysim.scenario", "raysim.footprint"),  # loading and checking a scenario
     ("raysim.models", "raysim.aggregators", "raysim.algorithms", "raysim.pipeline"),  # torch
     ("raysim.engine",),
     ("actors", "raysim.api", "raysim.lifecycle", "raysim.loading", "raysim.cli", "raysim.sweep", "raysim.bench",
-     "raysim.reference", "raysim$"),
+     "raysim.reference", "raysim.preparation", "raysim.resuming", "raysim$"),
 )
 
 
@@ -154,3 +154,10 @@ def test_at_most_three_imports_run_up_the_layers():
     assert len(upward) <= 3, upward
     assert [edge.split(" (line")[0] for edge in upward] == [
         "raysim.catalog -> raysim.algorithms.base"]  # a custom algorithm's class, checked
+
+
+def test_the_engine_imports_neither_the_scenario_loader_nor_its_checks():
+    graph = import_graph()
+    reached = sorted(f"{a} -> {b}" for a, edges in graph.items() if a.startswith(("raysim.engine", "actors"))
+                     for b in edges if b in ("raysim.scenario.load", "raysim.scenario.validate"))
+    assert not reached, reached

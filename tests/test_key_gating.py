@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from raysim.catalog import ALGORITHMS
 from raysim.cli import main
-from raysim.config import Scenario, load_scenario, to_yaml
+from raysim.scenario import Scenario, load_scenario, to_yaml
 from raysim.schema import INT64_MAX, describe, fields_of, path_schema
 
 ASYNC = ["execution.mode=async", "execution.max_updates=10"]

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from conftest import free_port, kill_processes, session_processes
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 
 pytest.importorskip("ray")
 
@@ -121,7 +121,7 @@ def test_ctrl_c_while_the_local_backend_loads_torch_waits_for_the_import():
     script = textwrap.dedent("""
         import signal, sys, threading, time
         from raysim.api import make_runtime
-        from raysim.config import load_scenario
+        from raysim.scenario import load_scenario
         from raysim.lifecycle import handle_signals
         cfg = load_scenario("scenarios/quickstart.yaml", ["runtime.backend=local"])
         assert "torch" not in sys.modules
@@ -144,7 +144,7 @@ def test_ctrl_c_before_the_scenario_is_loaded_says_nothing_was_written(tmp_path,
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("raysim.config.load_scenario", interrupted)
+    monkeypatch.setattr("raysim.scenario.load.load_scenario", interrupted)
     monkeypatch.setattr("raysim.lifecycle.guarded", __import__("contextlib").nullcontext)  # it would end this
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}     # session's Ray
     try:

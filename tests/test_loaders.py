@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.data import build_dataset, load_cifar, load_leaf, load_mnist
 from raysim.data.cifar import CIFAR10, CIFAR100
 from raysim.data.idx import read_idx

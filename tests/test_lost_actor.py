@@ -15,8 +15,10 @@ import pytest
 from conftest import small_scenario
 
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.errors import RunError
+from raysim.scenario import scenario_object
 
 ray = pytest.importorskip("ray")
 
@@ -135,7 +137,7 @@ def _run_killing_actor_0(cfg, lost: list) -> dict:
 
     ActorPool.lost_tasks = spy
     try:
-        summary = run_scenario(cfg, prepared, runtime, progress=progress)
+        summary = run_scenario(prepared, runtime, progress=progress)
     finally:
         ActorPool.lost_tasks = original
         runtime.close()
@@ -147,7 +149,7 @@ def _run_killing_actor_0(cfg, lost: list) -> dict:
 def _check_identical_after_a_kill(tmp_path, case, capsys):
     overrides, where = CASES[case]
     reference = small_scenario(tmp_path / "local", *overrides)
-    expected = run_scenario(reference, prepare(reference), LocalRuntime())
+    expected = run_scenario(prepare(reference), LocalRuntime())
     # a checkpoint after every server step: the scheduler reports after each, the first one mid-run
     cfg = small_scenario(tmp_path / "ray", *overrides, "runtime.num_actors=2", f"runtime.scheduler={where}",
                          "output.checkpoint_every=1", backend="ray")
@@ -194,7 +196,7 @@ def test_an_actor_killed_during_start_up_is_replaced(ray_session, tmp_path):
     at_reports = []  # whether the kill had happened, at each report
     killer.start()
     try:
-        summary = run_scenario(cfg, prepared, runtime, progress=lambda report: at_reports.append(bool(killed)))
+        summary = run_scenario(prepared, runtime, progress=lambda report: at_reports.append(bool(killed)))
     finally:
         stop.set()
         killer.join()
@@ -204,15 +206,14 @@ def test_an_actor_killed_during_start_up_is_replaced(ray_session, tmp_path):
 
 
 def test_a_lost_scheduler_actor_is_scheduler_lost_and_a_new_one_can_start(ray_session, tmp_path):
-    from omegaconf import OmegaConf
 
     from actors.runtime import SchedulerLost
 
     reference = small_scenario(tmp_path / "local", "execution.rounds=3")
-    expected = run_scenario(reference, prepare(reference), LocalRuntime())["model_sha256"]
+    expected = run_scenario(prepare(reference), LocalRuntime())["model_sha256"]
     cfg = small_scenario(tmp_path / "ray", "execution.rounds=3", "runtime.num_actors=1", "runtime.scheduler=actor",
                          backend="ray")
-    scenario = OmegaConf.to_container(cfg, resolve=True)
+    scenario = scenario_object(cfg)
     runtime = RayRuntime(cfg.runtime)
     earlier = {p.pid for p in _actor_processes("ray::SchedulerActor")}
     try:
@@ -238,7 +239,7 @@ def test_a_lost_scheduler_actor_is_scheduler_lost_and_a_new_one_can_start(ray_se
 
 def test_a_run_restarts_a_lost_scheduler_actor_from_its_last_checkpoint(ray_session, tmp_path):
     reference = small_scenario(tmp_path / "local", "execution.rounds=6")
-    expected = run_scenario(reference, prepare(reference), LocalRuntime())
+    expected = run_scenario(prepare(reference), LocalRuntime())
     cfg = small_scenario(tmp_path / "ray", "execution.rounds=6", "runtime.num_actors=1", "runtime.scheduler=actor",
                          "output.checkpoint_every=2", backend="ray")
     runtime = RayRuntime(cfg.runtime)
@@ -255,7 +256,7 @@ def test_a_run_restarts_a_lost_scheduler_actor_from_its_last_checkpoint(ray_sess
             _kill(process.pid)
 
     try:
-        summary = run_scenario(cfg, prepare(cfg), runtime, progress=progress)
+        summary = run_scenario(prepare(cfg), runtime, progress=progress)
     finally:
         runtime.close()
     assert sorted(killed) == [2, 4] and summary["scheduler_restarts"] == 2

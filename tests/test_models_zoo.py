@@ -18,9 +18,10 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from raysim.config import ModelConfig, load_scenario
+from raysim.scenario import ModelConfig, load_scenario
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.errors import ScenarioError
 from raysim.models import build_model
 from raysim.models.zoo import lstm_last_hidden
@@ -194,7 +195,7 @@ def _run(tmp_path, name: str, *overrides: str) -> tuple[dict, dict]:
     """(summary, rounds.parquet as a dict) of a small local run."""
     cfg = load_scenario(None, ["name=zoo", "runtime.backend=local", f"output.dir={tmp_path}/{name}",
                                "output.flush_seconds=0", "eval.every=1", *overrides])
-    summary = run_scenario(cfg, prepare(cfg), LocalRuntime())
+    summary = run_scenario(prepare(cfg), LocalRuntime())
     return summary, pq.read_table(tmp_path / name / "rounds.parquet").to_pydict()
 
 

@@ -8,7 +8,8 @@ import pytest
 from conftest import init_session_ray, small_scenario
 
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 
 ray = pytest.importorskip("ray")
 
@@ -42,7 +43,7 @@ def test_actors_on_both_nodes_with_fractional_gpus_and_identical_results(two_nod
                          "runtime.num_actors=auto", f"runtime.placement={placement}", *rounds, backend="ray")
     runtime = RayRuntime(cfg.runtime)
     try:
-        summary = run_scenario(cfg, prepare(cfg), runtime)
+        summary = run_scenario(prepare(cfg), runtime)
     finally:
         runtime.close()
     actors = summary["actors"]
@@ -60,7 +61,7 @@ def test_actors_on_both_nodes_with_fractional_gpus_and_identical_results(two_nod
         assert len(event_nodes) == 2
 
     single = small_scenario(tmp_path / "single", *rounds, backend="local")
-    reference = run_scenario(single, prepare(single), LocalRuntime())
+    reference = run_scenario(prepare(single), LocalRuntime())
     assert summary["model_sha256"] == reference["model_sha256"]
     assert summary["final_test_accuracy"] == reference["final_test_accuracy"]
 
@@ -69,7 +70,7 @@ def test_auto_actor_count_fills_every_node():
     from omegaconf import OmegaConf
 
     from actors.runtime import plan_actors
-    from raysim.config import RuntimeConfig
+    from raysim.scenario import RuntimeConfig
     from raysim.errors import ScenarioError
 
     quarter = OmegaConf.structured(RuntimeConfig(gpus_per_actor=0.25, cpus_per_actor=0.5))

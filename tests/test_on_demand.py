@@ -215,13 +215,12 @@ def test_a_host_builds_the_rows_of_its_next_clients_while_it_waits(tmp_path):
     """``ClientHost.run(…, prepare)`` builds those clients' rows in a background thread after its
     tasks (the next call waits for it); the next tasks then find them cached, with the same results."""
     import torch
-    from omegaconf import OmegaConf
-
     from raysim.engine.dispatch import make_tasks
     from raysim.engine.host import ClientHost
+    from raysim.scenario import scenario_object
 
     cfg = small_scenario(tmp_path, "data.on_demand=true")
-    scenario, dataset = OmegaConf.to_container(cfg, resolve=True), build_dataset(cfg.data, cfg.seed)
+    scenario, dataset = scenario_object(cfg), build_dataset(cfg.data, cfg.seed)
     host, fresh = ClientHost(scenario, dataset.table), ClientHost(scenario, dataset.table)
     payload = host.algorithm.payload(host.algorithm.init(host.model.initial_vector()))
     sizes = dataset.train_sizes()
@@ -236,13 +235,13 @@ def test_a_host_builds_the_rows_of_its_next_clients_while_it_waits(tmp_path):
 
 def test_a_long_quadratic_start_up_pass_is_announced(tmp_path, capsys, monkeypatch):
     """The note before the population pass follows clients × n × (d_theta + d_w)^2, its cost."""
-    from raysim.engine import simulation
+    from raysim import preparation
 
     cfg = small_scenario(tmp_path, "data.kind=quadratic", "model.kind=quadratic", "algorithm.name=ffgg",
                          "model.personal=[w]", "algorithm.local_steps=2", "data.num_clients=8", "data.n=20",
                          "data.d_theta=4", "data.d_w=2", "execution.clients_per_round=4")
     for threshold, noted in ((8 * 20 * 36, False), (8 * 20 * 36 - 1, True)):
-        monkeypatch.setattr(simulation, "LARGE_QUADRATIC", threshold)
-        simulation.prepare(cfg, create_output=False)
+        monkeypatch.setattr(preparation, "LARGE_QUADRATIC", threshold)
+        preparation.prepare(cfg, create_output=False)
         err = capsys.readouterr().err
         assert ("note: drawing the statistics of all 8 quadratic clients once" in err) == noted, err

@@ -17,7 +17,8 @@ import pytest
 from conftest import small_overrides, small_scenario
 
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.errors import OutputError, ScenarioError
 from raysim.metrics import OutputDir
 from raysim.metrics.output import LOCK
@@ -25,7 +26,7 @@ from raysim.metrics.output import LOCK
 
 def test_file_uri(tmp_path):
     cfg = small_scenario(tmp_path, f"output.dir=file://{tmp_path}/uri/run")
-    summary = run_scenario(cfg, prepare(cfg), LocalRuntime())
+    summary = run_scenario(prepare(cfg), LocalRuntime())
     run = tmp_path / "uri/run"
     assert json.loads((run / "summary.json").read_text())["model_sha256"] == summary["model_sha256"]
     assert pq.read_table(run / "rounds.parquet").num_rows == 3 and (run / "model.pt").stat().st_size > 0
@@ -36,7 +37,7 @@ def test_in_memory_filesystem(tmp_path):
     prepared = prepare(cfg)
     memory = pafs._MockFileSystem()
     prepared.output = OutputDir(memory, "bucket/runs/small")
-    summary = run_scenario(cfg, prepared, LocalRuntime())
+    summary = run_scenario(prepared, LocalRuntime())
     names = {info.base_name for info in memory.get_file_info(pafs.FileSelector("bucket/runs/small"))}
     assert names == {"scenario.yaml", "rounds.parquet", "events.parquet", "summary.json", "model.pt"}
     assert pq.read_table("bucket/runs/small/events.parquet", filesystem=memory).num_rows == 3 * 12

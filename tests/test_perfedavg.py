@@ -20,10 +20,11 @@ from raysim.algorithms import AlgorithmEnv, ClientContext, RowData
 from raysim.algorithms.keys import PerFedAvgKeys
 from raysim.algorithms.local import local_train
 from raysim.algorithms.perfedavg import MetaGradientOracle, PerFedAvg
-from raysim.config import ModelConfig
+from raysim.scenario import ModelConfig
 from raysim.data import FederatedDataset
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.models import build_model
 from raysim.streams import Purpose, stream
 
@@ -137,7 +138,7 @@ def test_personalized_evaluation_is_a_hand_computed_adaptation_step(tmp_path):
                          "execution.clients_per_round=3", "algorithm.batch_size=4", "eval.personalized_steps=1",
                          "eval.personalized_lr=0.5", "eval.adapt_on=test")
     prepared = prepare(cfg)
-    run_scenario(cfg, prepared, LocalRuntime())
+    run_scenario(prepared, LocalRuntime())
     ds, theta = prepared.dataset, prepared.final_params.double().numpy()
     k, d = ds.num_classes, ds.num_features
     x, y = ds.features().astype(np.float64), ds.labels()
@@ -171,7 +172,7 @@ def test_a_seeded_sample_of_clients_is_evaluated(tmp_path):
                                                                  "eval.clients=7"), 40))
     assert list(chosen) != list(evaluated_clients(small_scenario(tmp_path, "seed=1", "eval.personalized_steps=1",
                                                                  "eval.clients=7"), 40))
-    summary = run_scenario(cfg, prepare(cfg), LocalRuntime())
+    summary = run_scenario(prepare(cfg), LocalRuntime())
     assert 0 < summary["final_personalized_accuracy_mean"] <= 1
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from conftest import small_overrides
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 
 FEDBUFF = ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
            "execution.concurrency=6", "execution.max_updates=24"]
@@ -82,7 +83,7 @@ def model_sha256(tmp_path, name: str) -> str:
     cfg = load_scenario(scenario, _overrides(tmp_path, scenario, overrides))
     runtime = LocalRuntime()
     try:
-        return run_scenario(cfg, prepare(cfg), runtime)["model_sha256"]
+        return run_scenario(prepare(cfg), runtime)["model_sha256"]
     finally:
         runtime.close()
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import small_scenario
-from omegaconf import OmegaConf
 
 import raysim
 from raysim.algorithms import ClientUpdates
@@ -22,12 +21,13 @@ from raysim.pipeline.attack import ByzantineAttack
 from raysim.pipeline.client import ClientStage
 from raysim.pipeline.momentum import ClientMomentum
 from raysim.pipeline.stage import AggregateStage, ServerInput
+from raysim.scenario import scenario_object
 
 FEDASYNC = ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=12"]
 
 
 def _scheduler(cfg):
-    scenario = OmegaConf.to_container(cfg, resolve=True)
+    scenario = scenario_object(cfg)
     runtime = LocalRuntime()
     return runtime.scheduler(scenario, runtime.load(scenario, build_dataset(cfg.data, cfg.seed)))
 

@@ -11,7 +11,8 @@ import pytest
 from conftest import small_scenario
 
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 
 WALL_COLUMNS = {"wall_time", "updates_per_second", "eval_seconds", "compute_seconds", "actor", "node"}
 
@@ -19,7 +20,7 @@ WALL_COLUMNS = {"wall_time", "updates_per_second", "eval_seconds", "compute_seco
 def _run(cfg, runtime):
     prepared = prepare(cfg)
     try:
-        return run_scenario(cfg, prepared, runtime)
+        return run_scenario(prepared, runtime)
     finally:
         runtime.close()
 
@@ -36,7 +37,7 @@ def _deterministic_columns(path):
 
 
 def test_quickstart_on_two_actors_reaches_accuracy(ray_session, tmp_path):
-    from raysim.config import load_scenario
+    from raysim.scenario import load_scenario
 
     cfg = load_scenario("scenarios/quickstart.yaml", ["runtime.num_actors=2", f"output.dir={tmp_path}/q",
                                                       "execution.rounds=40"])
@@ -143,8 +144,8 @@ def test_fractional_gpus_two_actors_share_gpu_0(ray_session, tmp_path):
     cfg = small_scenario(tmp_path, "runtime.gpus_per_actor=0.5", "runtime.num_actors=auto",
                          "execution.rounds=1", backend="ray")
     runtime = _ray_runtime(cfg)
-    dataset = prepare(cfg).dataset
-    runtime.load({"seed": 0, **__import__("omegaconf").OmegaConf.to_container(cfg)}, dataset)
+    prepared = prepare(cfg)
+    runtime.load(prepared.scenario, prepared.dataset)
     try:
         info = runtime.describe()
     finally:
@@ -161,9 +162,9 @@ def test_more_actors_than_resources_is_an_input_error(ray_session, tmp_path):
 
     cfg = small_scenario(tmp_path, "runtime.num_actors=9", backend="ray")
     runtime = _ray_runtime(cfg)
-    dataset = prepare(cfg).dataset
+    prepared = prepare(cfg)
     with pytest.raises(ScenarioError, match=r"runtime.num_actors = 9: expected at most 4 actors"):
-        runtime.load(dict(__import__("omegaconf").OmegaConf.to_container(cfg)), dataset)
+        runtime.load(prepared.scenario, prepared.dataset)
 
 
 def test_cli_run_on_embedded_ray(tmp_path):

@@ -22,8 +22,8 @@ from conftest import small_overrides, small_scenario
 
 import raysim
 from raysim.api import execute
-from raysim.config import load_scenario
-from raysim.engine.resume import load_resume
+from raysim.scenario import load_scenario
+from raysim.resuming import load_resume
 from raysim.errors import RunError, ScenarioError
 
 STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",

@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import small_scenario
-from omegaconf import OmegaConf
-
 from raysim.algorithms import ServerState
 from raysim.data import build_dataset
 from raysim.engine.checkpoint import Checkpoint
 from raysim.engine.run_state import RunState
 from raysim.engine.runtime import LocalRuntime
 from raysim.metrics import OutputDir
+from raysim.scenario import scenario_object
 
 STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",
               "system.compute.seconds_per_sample=0.05", "system.dropout=0.05"]
@@ -33,7 +32,7 @@ WALL_COLUMNS = {"rounds": ("wall_time", "updates_per_second", "eval_seconds"),
 
 def _scheduler(cfg):
     """A fresh Scheduler of ``cfg`` on a fresh in-process runtime."""
-    scenario = OmegaConf.to_container(cfg, resolve=True)
+    scenario = scenario_object(cfg)
     runtime = LocalRuntime()
     return runtime.scheduler(scenario, runtime.load(scenario, build_dataset(cfg.data, cfg.seed)))
 

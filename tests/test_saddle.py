@@ -10,16 +10,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import small_scenario
-from omegaconf import OmegaConf
 from test_bad_input import cli, one_error_line
 
 import raysim
 from raysim.algorithms import ClientContext
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario, scenario_object
 from raysim.data import build_dataset
 from raysim.engine.evaluation import CurvatureEvaluator
 from raysim.engine.host import ClientHost, Task
-from raysim.engine.simulation import prepare
+from raysim.preparation import prepare
 from raysim.errors import ScenarioError
 from raysim.models import build_model
 from raysim.streams import Purpose, stream
@@ -36,7 +35,7 @@ def scenario(*overrides):
 def host_of(cfg) -> tuple:
     """(a ClientHost of the scenario, its data set)."""
     dataset = build_dataset(cfg.data, cfg.seed)
-    return ClientHost(OmegaConf.to_container(cfg, resolve=True), dataset.table), dataset
+    return ClientHost(scenario_object(cfg), dataset.table), dataset
 
 
 def train_rows(dataset) -> tuple:

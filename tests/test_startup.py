@@ -13,7 +13,7 @@ import pytest
 
 from conftest import small_scenario
 from raysim import catalog
-from raysim.engine.simulation import prepare
+from raysim.preparation import prepare
 from raysim.errors import ScenarioError
 from raysim.models import ACTIVATIONS
 
@@ -26,9 +26,9 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_scenario_and_data_are_checked_without_importing_torch():
     proc = _python("""
         import sys
-        from raysim.config import load_scenario
+        from raysim.scenario import load_scenario
         from raysim.data import build_dataset
-        from raysim.engine.simulation import prepare
+        from raysim.preparation import prepare
         from raysim.system import SystemModel
         from actors.runtime import embedded_resources, plan_actors
         cfg = load_scenario("scenarios/bench/w1.yaml", ["model.personal=output_layer", "algorithm.name=ffgg"])
@@ -83,7 +83,7 @@ def test_embedded_ray_closes_every_process_it_started():
     head (include_dashboard=False), and RayRuntime.close() ends every daemon and worker it started."""
     proc = _python("""
         import time, psutil
-        from raysim.config import load_scenario
+        from raysim.scenario import load_scenario
         from actors.runtime import RayRuntime
         cfg = load_scenario("scenarios/quickstart.yaml", ["runtime.num_cpus=1"])
         runtime = RayRuntime(cfg.runtime)

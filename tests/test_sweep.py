@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from raysim.cli import main
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.sweep.plan import parse_grid_options, split_values
 from raysim.sweep.results import code_version
 

@@ -10,10 +10,11 @@ import pytest
 from conftest import small_scenario
 
 from raysim.cli import main
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.engine.asynchronous import staleness_weight
 from raysim.engine.runtime import LocalRuntime
-from raysim.engine.simulation import prepare, run_scenario
+from raysim.engine.run import run_scenario
+from raysim.preparation import prepare
 from raysim.engine.sync import round_policy
 from raysim.errors import NoClientAvailable, ScenarioError
 
@@ -22,7 +23,7 @@ STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.sigma=1.0", "syst
 
 
 def _run(cfg):
-    return run_scenario(cfg, prepare(cfg), LocalRuntime())
+    return run_scenario(prepare(cfg), LocalRuntime())
 
 
 def _events(tmp_path):
@@ -53,7 +54,7 @@ def test_round_policy_wait_all_deadline_over_selection():
 def test_staleness_weights():
     from omegaconf import OmegaConf
 
-    from raysim.config import StalenessConfig
+    from raysim.scenario import StalenessConfig
 
     poly = OmegaConf.structured(StalenessConfig(kind="polynomial", a=0.5))
     hinge = OmegaConf.structured(StalenessConfig(kind="hinge", a=2.0, b=3.0))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.data import build_dataset
 from raysim.models import build_model
 from raysim.system import SystemModel

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import torch
-from raysim.config import scenario_object
+from raysim.scenario import Scenario
 
 from raysim.algorithms import ClientContext, RowData, make_algorithm
 from raysim.algorithms.oracles import Participation
@@ -56,8 +56,7 @@ class ClientHost:
     generator's law that builds a client's rows when it trains), the model structure and the
     algorithm's client code. Any host can run any client."""
 
-    def __init__(self, scenario: dict, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
-        cfg = scenario_object(scenario)
+    def __init__(self, cfg: Scenario, table: pa.Table, actor_index: int = 0, device: str = "cpu"):
         self.cfg, self.actor_index, self.device = cfg, actor_index, torch.device(device)
         if self.device.type == "cuda":
             deterministic_cuda()

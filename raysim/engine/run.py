@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
-from omegaconf import OmegaConf
 
 from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
@@ -81,13 +80,38 @@ class Tally:
         return self.steady_updates / seconds if self.rounds >= 2 and seconds > 0 else None
 
 
-class Run:
-    """Runs a prepared scenario on a runtime (see :func:`raysim.engine.simulation.run_scenario`)."""
+def run_scenario(prepared, runtime, progress=None, began: float | None = None,
+                 checkpoint: Checkpoint | None = None) -> dict:
+    """Run a prepared scenario (:func:`raysim.preparation.prepare`) on ``runtime``; returns the
+    summary (also saved as summary.json).
 
-    def __init__(self, cfg, prepared, runtime, began: float, checkpoint: Checkpoint | None = None):
-        self.cfg, self.prepared, self.runtime = cfg, prepared, runtime
+    The runtime takes over the data set (on Ray it moves to the object store and the
+    driver keeps only that shared copy) and hosts the scheduler (in-process, or the
+    SchedulerActor). ``progress(report)`` gets each report of the scheduler;
+    ``began`` (a ``time.perf_counter()`` value) is where ``wall_seconds`` starts counting.
+    With a ``checkpoint`` (:meth:`Checkpoint.load` of the output directory) the run goes on from
+    it; otherwise files of an earlier run in the output directory are removed first.
+    Errors of the run (divergence, no client available, lost actors, disk errors) are raised
+    after the rows produced so far and a summary with ``status: failed`` are written; Ctrl-C and
+    SIGTERM after a checkpoint and a summary with ``status: interrupted``.
+    """
+    began = time.perf_counter() if began is None else began
+    try:
+        if checkpoint is None:
+            prepared.output.clear_run_files()
+            prepared.output.write_text("scenario.yaml", prepared.scenario_yaml)
+        return Run(prepared, runtime, began, checkpoint).execute(progress)
+    finally:
+        prepared.output.release()
+
+
+class Run:
+    """Runs a prepared scenario on a runtime (see :func:`run_scenario`)."""
+
+    def __init__(self, prepared, runtime, began: float, checkpoint: Checkpoint | None = None):
+        cfg = self.cfg = prepared.scenario  # plain dataclasses, as the scheduler and the client hosts get it
+        self.prepared, self.runtime = prepared, runtime
         self.out = prepared.output
-        self.scenario = OmegaConf.to_container(cfg, resolve=True)
         self.checkpoint = checkpoint  # the latest: resumed from, or restarted from if the scheduler is lost
         self.began = began - (checkpoint.wall_seconds if checkpoint is not None else 0.0)
         self.scheduler = None
@@ -127,7 +151,7 @@ class Run:
     # ------------------------------------------------------------------ the loop
 
     def _start(self) -> None:
-        self.prepared.dataset = self.runtime.load(self.scenario, self.prepared.dataset)
+        self.prepared.dataset = self.runtime.load(self.cfg, self.prepared.dataset)
         self._restore(self.checkpoint)
         if self.checkpoint is None:  # what a lost scheduler restarts from before the first checkpoint
             self.checkpoint = self._take_checkpoint()
@@ -144,7 +168,7 @@ class Run:
             from raysim.metrics.tensorboard import TensorBoardLog
 
             self.tensorboard = TensorBoardLog(self.out, {name: log.written for name, log in self.logs.items()})
-        self.scheduler = self.runtime.scheduler(self.scenario, self.prepared.dataset)
+        self.scheduler = self.runtime.scheduler(self.cfg, self.prepared.dataset)
         if checkpoint is not None:
             self.scheduler.restore(checkpoint.state, checkpoint.wall_seconds)
             self.report = _report_at(checkpoint)  # a lost scheduler's later steps and updates are undone

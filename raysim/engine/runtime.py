@@ -23,11 +23,12 @@ class Runtime(Protocol):
     def start(self) -> None:
         """Begin what takes long and needs no data (Ray's start-up); ``load`` calls it if needed."""
 
-    def load(self, scenario: dict, dataset):
-        """Create the hosts; the data set travels once. Returns the data set the driver
-        should use from now on (the runtime's shared copy)."""
+    def load(self, scenario, dataset):
+        """Create the hosts of ``scenario`` (the plain dataclasses of a prepared scenario); the data
+        set travels once. Returns the data set the driver should use from now on (the runtime's
+        shared copy)."""
 
-    def scheduler(self, scenario: dict, dataset) -> Any:
+    def scheduler(self, scenario, dataset) -> Any:
         """Start the scheduler; it has ``advance(seconds, stop_version)`` and ``finish()`` (see Scheduler)."""
 
     def broadcast(self, payload: dict) -> Any:
@@ -65,11 +66,11 @@ class LocalRuntime:
     def start(self) -> None:
         """Nothing to start in-process."""
 
-    def load(self, scenario: dict, dataset):
+    def load(self, scenario, dataset):
         self.host = ClientHost(scenario, dataset.table)
         return dataset
 
-    def scheduler(self, scenario: dict, dataset) -> Scheduler:
+    def scheduler(self, scenario, dataset) -> Scheduler:
         return Scheduler(scenario, dataset.table, self)
 
     def broadcast(self, payload: dict) -> dict:

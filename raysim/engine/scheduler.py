@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
-from raysim.config import scenario_object
+from raysim.scenario import Scenario
 
 from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
@@ -37,8 +37,8 @@ from raysim.threads import torch_threads
 class Scheduler:
     """Virtual time, server state, dispatch; :meth:`advance` runs server steps for a while."""
 
-    def __init__(self, scenario: dict, table: pa.Table, runtime):
-        cfg = self.cfg = scenario_object(scenario)
+    def __init__(self, cfg: Scenario, table: pa.Table, runtime):
+        self.cfg = cfg
         self.runtime = runtime
         self.dataset = open_dataset(table)
         problem = self.dataset if isinstance(self.dataset, QuadraticProblem) else None

@@ -272,9 +272,10 @@ def _type_name(declared) -> str:
     return getattr(declared, "__name__", str(declared))
 
 
-def scenario_object(container: dict) -> Scenario:
-    """A validated scenario (as a plain dict) as plain dataclasses: fast attribute access for
-    the hot paths of the scheduler and the client hosts (``algorithm``: its keys dataclass)."""
+def scenario_object(cfg: DictConfig) -> Scenario:
+    """A loaded scenario (resolved) as plain dataclasses, what the engine and the client hosts
+    receive: fast attribute access for their hot paths (``algorithm``: its keys dataclass)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
     scenario = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Scenario), container))
     algorithm = container["algorithm"]
     scenario.algorithm = algorithm_keys(algorithm["name"])(**algorithm)

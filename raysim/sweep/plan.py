@@ -16,7 +16,7 @@ file (:data:`SECTION_KEYS`); values are YAML scalars or flow lists, parsed as om
 reference point beside a product, or per-setting lists of methods). Each point of a grid's
 Cartesian product, and each repeat, is a full run: the scenario with the user's overrides, the
 point's grid values, ``seed = seed + repeat`` and its own ``output.dir``; :func:`plan_sweep`
-loads (validates) every one with :func:`raysim.config.load_scenario`, so bad input fails before
+loads (validates) every one with :func:`raysim.scenario.load_scenario`, so bad input fails before
 anything runs.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from raysim.config import load_scenario
+from raysim.scenario import load_scenario
 from raysim.errors import ScenarioError, first_line
 from raysim.sweep.results import METRICS, value_text
 

@@ -71,7 +71,7 @@ def is_done(point) -> bool:
     stored = point.dir / "scenario.yaml"
     if not stored.is_file():
         return False
-    from raysim.config import load_scenario, to_yaml
+    from raysim.scenario import load_scenario, to_yaml
 
     def comparable(cfg) -> dict:
         return _comparable(OmegaConf.to_container(OmegaConf.create(to_yaml(cfg))), point.cfg.runtime.num_cpus)

@@ -63,7 +63,7 @@ def exact_minimum(run: Path) -> float:
     loss of vᵀh plus ρ‖v‖, a convex problem (equal client sizes: p_k/n_k is the same for every row)."""
     import torch
 
-    from raysim.config import load_scenario
+    from raysim.scenario import load_scenario
     from raysim.data import build_dataset
 
     cfg = load_scenario(str(run / "scenario.yaml"))  # the run's scenario: its data, seed and ρ

@@ -25,7 +25,7 @@ def load_resume(run_dir: str, overrides: list) -> tuple:
     """The scenario of the run in ``run_dir`` (with ``overrides``) and its checkpoint; a
     ScenarioError names what is wrong (no such run, completed, no checkpoint, a key that would
     change results)."""
-    from raysim.config import load_scenario
+    from raysim.scenario import load_scenario
     from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 
     for item in overrides:
