@@ -7,7 +7,7 @@ import os
 import ray
 
 from actors.payloads import unpack
-from raysim.loading import long_lived
+from raysim.long_lived import long_lived
 
 
 @ray.remote
@@ -17,7 +17,7 @@ class ClientActor:
     Declared with ``num_cpus=runtime.cpus_per_actor`` and ``num_gpus=runtime.gpus_per_actor``
     through ``.options``; the data set arrives once, as an object-store reference
     resolved zero-copy. Holds no state between calls, so that one that died can be replaced by
-    a new one and its calls sent again (see :class:`actors.runtime.ActorPool`).
+    a new one and its calls sent again (see :class:`actors.runtime.ClientActorGroup`).
     """
 
     def __init__(self, scenario, table, actor_index: int):

@@ -1,6 +1,6 @@
 """How model payloads travel with a call to a ClientActor.
 
-A payload is either in the object store (a reference, :meth:`ActorPool.broadcast` puts large
+A payload is either in the object store (a reference, :meth:`ClientActorGroup.broadcast` puts large
 ones there) or travels inline, as numpy arrays. Ray serializes every array of a call's
 arguments on its own, at a cost of about 15 µs each on both sides, and an asynchronous call
 carries up to one model version per client: so the inline payloads of a call are stacked,

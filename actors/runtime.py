@@ -122,7 +122,7 @@ class Pending:
     ref: ray.ObjectRef
 
 
-class ActorPool:
+class ClientActorGroup:
     """The ClientActors as seen by the scheduler: broadcast through the object store, submit, gather.
 
     Creates ``num_actors`` actors of ``actor_class`` (ClientActor), actor i from
@@ -241,7 +241,7 @@ class RayRuntime:
         if runtime_cfg.address and not ray.is_initialized():
             _check_reachable(runtime_cfg.address)  # before the run claims its directory
         self.cfg = runtime_cfg
-        self.pool = None
+        self.client_actors = None
         self.num_actors = 0
         self._table = None
         self._scheduler = None
@@ -250,7 +250,7 @@ class RayRuntime:
 
     @property
     def nodes(self) -> list:
-        return self.pool.nodes if self.pool is not None else []
+        return self.client_actors.nodes if self.client_actors is not None else []
 
     def start(self) -> None:
         """Start a private embedded Ray (or join ``runtime.address`` / the job's cluster) unless
@@ -291,10 +291,10 @@ class RayRuntime:
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
         self._group = placement_group([_bundle(cfg)] * self.num_actors,
                                       strategy="SPREAD" if cfg.placement == "spread" else "PACK")
-        self.pool = ActorPool(ClientActor, (scenario, self._table),
+        self.client_actors = ClientActorGroup(ClientActor, (scenario, self._table),
                               dict(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor), self._group,
                               self.num_actors)
-        self.pool.describe()  # waits until every actor is up (one that dies meanwhile is replaced)
+        self.client_actors.describe()  # waits until every actor is up (one that dies meanwhile is replaced)
         return open_dataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
     def scheduler(self, scenario, dataset):
@@ -310,20 +310,20 @@ class RayRuntime:
             self._scheduler = None
         where = self.cfg.scheduler
         if where == "driver" or (where == "auto" and cluster_address(self.cfg) is None):
-            return Scheduler(scenario, dataset.table, self.pool)
-        self._scheduler = SchedulerActor.remote(scenario, self._table, self.pool)
+            return Scheduler(scenario, dataset.table, self.client_actors)
+        self._scheduler = SchedulerActor.remote(scenario, self._table, self.client_actors)
         return RemoteScheduler(self._scheduler)
 
     def lost_tasks(self) -> list:
-        """See :meth:`ActorPool.lost_tasks` (the pool of this process)."""
-        return self.pool.lost_tasks() if self.pool is not None else []
+        """See :meth:`ClientActorGroup.lost_tasks` (the ClientActors of this process)."""
+        return self.client_actors.lost_tasks() if self.client_actors is not None else []
 
     def describe(self) -> list:
-        """One dict per ClientActor (see ClientActor.info), as the pool that replaces dead ones
+        """One dict per ClientActor (see ClientActor.info), as the ClientActorGroup that replaces dead ones
         sees them: the SchedulerActor's when there is one."""
         if self._scheduler is not None:
             return ray.get(self._scheduler.describe.remote())
-        return self.pool.describe()
+        return self.client_actors.describe()
 
     def close(self) -> None:
         """Shut down the embedded Ray, or only this run's actors when Ray was already running."""
@@ -331,12 +331,12 @@ class RayRuntime:
             ray.shutdown()
             self._owns_ray = False
         else:
-            for actor in (self.pool.actors if self.pool is not None else []) + \
+            for actor in (self.client_actors.actors if self.client_actors is not None else []) + \
                     ([self._scheduler] if self._scheduler is not None else []):
                 ray.kill(actor)
             if self._group is not None:
                 remove_placement_group(self._group)
-        self.pool, self._scheduler, self._group = None, None, None
+        self.client_actors, self._scheduler, self._group = None, None, None
 
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from raysim.metrics import OutputDir
+from raysim.output import OutputDir
 
 
 @dataclass
@@ -47,12 +47,12 @@ def make_runtime(cfg):
 def execute(cfg, progress=None, began: float | None = None, checkpoint=None, freeze: bool = False):
     """Prepare and run a loaded scenario on the runtime it names, then close the runtime; returns
     (summary, prepared). ``checkpoint`` resumes a run; ``freeze`` loads libraries, data and model
-    as long-lived objects (:func:`raysim.loading.long_lived`; for the command line)."""
+    as long-lived objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
     from contextlib import nullcontext
 
     from raysim.engine.run import run_scenario
     from raysim.preparation import prepare
-    from raysim.loading import long_lived
+    from raysim.long_lived import long_lived
 
     runtime = make_runtime(cfg)
     try:

@@ -108,7 +108,7 @@ def _log_columns() -> dict:
     """{kind of diagnostics: (the log it adds columns to, the columns that log has already)}."""
     from omegaconf import OmegaConf
 
-    from raysim.metrics.output import EVENTS_SCHEMA, ROUNDS_SCHEMA  # pyarrow: only for a custom algorithm
+    from raysim.output.directory import EVENTS_SCHEMA, ROUNDS_SCHEMA  # pyarrow: only for a custom algorithm
     from raysim.system import SystemConfig, SystemModel
 
     profile = SystemModel(OmegaConf.structured(SystemConfig), 1, 0).profile  # each event row's client fields

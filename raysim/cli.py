@@ -100,8 +100,8 @@ def _stopped_line(cfg, resuming: bool) -> str:
     earlier run's, which continues this run only if that run had the same scenario."""
     from raysim.scenario import to_yaml
     from raysim.lifecycle import terminated
-    from raysim.metrics import OutputDir
-    from raysim.metrics.output import CHECKPOINT  # not raysim.engine.checkpoint: torch may be half imported
+    from raysim.output import OutputDir
+    from raysim.output.directory import CHECKPOINT  # not raysim.engine.checkpoint: torch may be half imported
 
     how, run_dir = "terminated" if terminated() else "interrupted", cfg.output.dir
 
@@ -180,7 +180,7 @@ def cmd_list(args) -> int:
     from raysim.scenario import Scenario
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
-    from raysim.algorithms.rules import AGGREGATOR_DOCS
+    from raysim.algorithms.aggregator_catalog import AGGREGATOR_DOCS
     from raysim.schema import describe
     from raysim.system.config import DISTRIBUTIONS
 
@@ -254,7 +254,7 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from raysim.metrics.report import time_to_accuracy_table, write_report
+    from raysim.report.figures import time_to_accuracy_table, write_report
 
     if args.target is not None and not 0 < args.target <= 1:
         raise ScenarioError("--target", args.target, "a test accuracy in (0, 1]")

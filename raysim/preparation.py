@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
 from raysim.footprint import check_fits
-from raysim.metrics import OutputDir
+from raysim.output import OutputDir
 from raysim.scenario import Scenario, scenario_object, to_yaml
 from raysim.scenario.validate import check_data_set, check_model
 from raysim.system import SystemModel

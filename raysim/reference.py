@@ -13,7 +13,7 @@ import re
 import typing
 from typing import Any, Iterator
 
-from raysim.algorithms.rules import AGGREGATOR_DOCS
+from raysim.algorithms.aggregator_catalog import AGGREGATOR_DOCS
 from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
 from raysim.scenario import Scenario
 from raysim.data import DATASETS

@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 from omegaconf import OmegaConf
 
 from raysim.errors import ScenarioError, first_line
-from raysim.metrics import OutputDir
+from raysim.output import OutputDir
 
 RESUMABLE_KEYS = ("runtime.", "data.on_demand", "data.cache_mb", "output.flush_seconds", "output.checkpoint_every",
                   "output.checkpoint_seconds")

@@ -1,4 +1,4 @@
-"""The aggregators of raysim.aggregators against values worked out by hand."""
+"""The aggregators of raysim.algorithms.aggregation_rules against values worked out by hand."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.aggregators import (AGGREGATORS, bucketing, bulyan, centered_clipping, geometric_median, krum,
-                                mean, median, multi_krum, trimmed_mean, weighted_mean, weighted_rows)
-from raysim.algorithms.rules import AGGREGATOR_DOCS
+from raysim.algorithms.aggregation_rules import (AGGREGATORS, bucketing, bulyan, centered_clipping, geometric_median,
+                                                 krum, mean, median, multi_krum, trimmed_mean, weighted_mean,
+                                                 weighted_rows)
+from raysim.algorithms.aggregator_catalog import AGGREGATOR_DOCS
 from raysim.robust_f import capped_f
 
 ROBUST = ["median", "trimmed_mean", "krum", "multi_krum", "centered_clipping", "bulyan"]

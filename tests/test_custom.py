@@ -288,14 +288,14 @@ def test_an_algorithm_says_whether_its_timing_reads_the_payload(tmp_path, monkey
     (timing_reads_payload, never inferred): FedNova, whose upload_size does not, takes windows; the
     same class saying it does is timed with each version's own payload, one completion at a time,
     with the same results."""
-    from raysim.engine.asynchronous import AsyncDriver
+    from raysim.engine.asynchronous import AsyncUpdates
 
     monkeypatch.syspath_prepend(str(REPO))
     from examples.fednova import FedNova
 
     assert "timing_reads_payload" in vars(FedNova) and not FedNova.timing_reads_payload
-    windows, handle = [], AsyncDriver._handle_window
-    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, window: windows.append(len(window))
+    windows, handle = [], AsyncUpdates._handle_window
+    monkeypatch.setattr(AsyncUpdates, "_handle_window", lambda self, window: windows.append(len(window))
                         or handle(self, window))
     hashes = []
     for reads in (False, True):
@@ -311,7 +311,7 @@ def test_an_algorithm_says_whether_its_timing_reads_the_payload(tmp_path, monkey
 def test_an_algorithm_logs_the_diagnostics_it_declares(tmp_path, parts):
     """Each name of server_diagnostics is a rounds.parquet column (null at steps that report
     nothing), its last value is in the summary, and raysim report draws a panel for it."""
-    from raysim.metrics.report import load_runs, write_report
+    from raysim.report.figures import load_runs, write_report
 
     result = raysim.run(small_scenario(tmp_path / "run", "algorithm.name=my_parts.lib:OddStepNorm",
                                        "execution.rounds=4", "eval.every=0"))

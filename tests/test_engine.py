@@ -135,7 +135,7 @@ def test_broadcast_model_versions_kept_are_bounded_by_those_in_use(tmp_path):
     most = 0
     while not scheduler.done:
         scheduler.advance(0.0)
-        assert scheduler.driver.versions_in_use() <= scheduler.payloads.versions()
+        assert scheduler.loop.versions_in_use() <= scheduler.payloads.versions()
         most = max(most, len(scheduler.payloads.versions()))
     assert MAX_HANDLES < most <= 2 * 99
 

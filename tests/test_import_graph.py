@@ -127,15 +127,16 @@ def test_importing_the_scenario_schema_loads_no_data_loader_torch_or_pyarrow():
 
 LAYERS = (  # bottom up; a module sits in the layer of the longest name that holds it (NAME$: that module alone)
     ("raysim.errors", "raysim.importing", "raysim.robust_f", "raysim.streams", "raysim.threads", "raysim.import_path",
-     "raysim.schema", "raysim.measure", "raysim.data.kinds", "raysim.algorithms.rules", "raysim.system.config", "raysim.algorithms$",
+     "raysim.schema", "raysim.measure", "raysim.data.kinds", "raysim.algorithms.aggregator_catalog",
+     "raysim.system.config", "raysim.algorithms$",
      "raysim.data$", "raysim.system$"),  # the ground floor, and the packages that load their modules lazily
-    ("raysim.data", "raysim.system", "raysim.metrics"),  # data sets, the system model, the logs
+    ("raysim.data", "raysim.system", "raysim.output"),  # data sets, the system model, the logs
     ("raysim.catalog", "raysim.algorithms.keys", "raysim.scenario$", "raysim.scenario.schema"),  # names, the schema
     ("raysim.scenario", "raysim.footprint"),  # loading and checking a scenario
-    ("raysim.models", "raysim.aggregators", "raysim.algorithms", "raysim.pipeline"),  # torch
+    ("raysim.models", "raysim.algorithms", "raysim.pipeline"),  # torch
     ("raysim.engine",),
-    ("actors", "raysim.api", "raysim.lifecycle", "raysim.loading", "raysim.cli", "raysim.sweep", "raysim.bench",
-     "raysim.reference", "raysim.preparation", "raysim.resuming", "raysim$"),
+    ("actors", "raysim.api", "raysim.lifecycle", "raysim.long_lived", "raysim.cli", "raysim.sweep", "raysim.bench",
+     "raysim.reference", "raysim.preparation", "raysim.resuming", "raysim.report", "raysim$"),
 )
 
 

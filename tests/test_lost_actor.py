@@ -22,7 +22,7 @@ from raysim.scenario import scenario_object
 
 ray = pytest.importorskip("ray")
 
-from actors.runtime import ACTOR_REPLACEMENTS, ActorPool, RayRuntime  # noqa: E402  (needs ray)
+from actors.runtime import ACTOR_REPLACEMENTS, ClientActorGroup, RayRuntime  # noqa: E402  (needs ray)
 
 ASYNC = ["execution.mode=async", "execution.concurrency=12", "execution.max_updates=40",
          "system.compute.kind=lognormal", "system.compute.noise=0.2"]
@@ -35,7 +35,7 @@ CASES = {  # overrides, where the scheduler runs
 
 @pytest.fixture
 def flaky_pool(ray_session):
-    """An ActorPool of two tiny actors with ClientActor's interface (``run``, ``info``; defined
+    """A ClientActorGroup of two tiny actors with ClientActor's interface (``run``, ``info``; defined
     here so that Ray ships the class by value), each in its bundle of a placement group."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -52,7 +52,7 @@ def flaky_pool(ray_session):
             return {"node": "n", "pid": os.getpid()}
 
     group = placement_group([{"CPU": 0.01}] * 2)
-    pool = ActorPool(Flaky, (), {"num_cpus": 0.01}, group, 2)
+    pool = ClientActorGroup(Flaky, (), {"num_cpus": 0.01}, group, 2)
     try:
         yield pool
     finally:
@@ -128,18 +128,18 @@ def _run_killing_actor_0(cfg, lost: list) -> dict:
             _kill(killed[0])
 
     prepared = prepare(cfg)
-    original = ActorPool.lost_tasks
+    original = ClientActorGroup.lost_tasks
 
     def spy(pool):
         found = original(pool)
         lost.extend(found)
         return found
 
-    ActorPool.lost_tasks = spy
+    ClientActorGroup.lost_tasks = spy
     try:
         summary = run_scenario(prepared, runtime, progress=progress)
     finally:
-        ActorPool.lost_tasks = original
+        ClientActorGroup.lost_tasks = original
         runtime.close()
     assert killed and not psutil.pid_exists(killed[0])
     assert summary["actors"][0]["pid"] != killed[0]  # actor 0 runs in a new process

@@ -20,8 +20,8 @@ from raysim.engine.runtime import LocalRuntime
 from raysim.engine.run import run_scenario
 from raysim.preparation import prepare
 from raysim.errors import OutputError, ScenarioError
-from raysim.metrics import OutputDir
-from raysim.metrics.output import LOCK
+from raysim.output import OutputDir
+from raysim.output.directory import LOCK
 
 
 def test_file_uri(tmp_path):

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysim.errors import RunError
-from raysim.metrics import OutputDir, ParquetLog
-from raysim.metrics.parquet_log import FANOUT, log_files
+from raysim.output import OutputDir, ParquetLog
+from raysim.output.parquet_log import FANOUT, log_files
 
 SCHEMA = pa.schema([("i", pa.int64()), ("x", pa.float64())])
 NAME = "events.parquet"
@@ -246,7 +246,7 @@ def test_in_memory_filesystem(tmp_path):
 DISK_FULL = textwrap.dedent("""
     import json, math, resource, signal, sys, traceback
     import numpy as np, pyarrow as pa
-    from raysim.metrics import OutputDir, ParquetLog
+    from raysim.output import OutputDir, ParquetLog
 
     out = OutputDir.open(sys.argv[1])
     out.write_text("summary.json", "{}")
@@ -292,6 +292,6 @@ def test_read_table_lists_the_parts_again_when_a_merge_deleted_one(tmp_path, mon
             raise FileNotFoundError(files[0])
         return read(files, **kwargs)
 
-    monkeypatch.setattr("raysim.metrics.output.pq.read_table", racing)
+    monkeypatch.setattr("raysim.output.directory.pq.read_table", racing)
     assert out.read_table(NAME, columns=("i", "missing")).column_names == ["i"]
     assert out.read_table(NAME).column("i").to_pylist() == list(range(30)) and len(calls) == 3

@@ -14,7 +14,7 @@ from conftest import small_scenario
 import raysim
 from raysim.algorithms import ClientUpdates
 from raysim.data import build_dataset
-from raysim.engine.asynchronous import AsyncDriver
+from raysim.engine.asynchronous import AsyncUpdates
 from raysim.engine.runtime import LocalRuntime
 from raysim.pipeline import build, per_client
 from raysim.pipeline.attack import ByzantineAttack
@@ -151,8 +151,9 @@ def test_an_aggregate_stage_reaches_the_server_optimizer(tmp_path, monkeypatch, 
     shift = torch.linspace(-1, 1, size, dtype=torch.float64)
     monkeypatch.setattr(build, "aggregate_stages", lambda cfg: (Shift(shift),))
     windows = []
-    handle_window = AsyncDriver._handle_window
-    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, w: windows.append(len(w)) or handle_window(self, w))
+    handle_window = AsyncUpdates._handle_window
+    monkeypatch.setattr(AsyncUpdates, "_handle_window",
+                        lambda self, w: windows.append(len(w)) or handle_window(self, w))
     scheduler = _scheduler(cfg)
     assert not scheduler.server.pipeline.takes_steps_together
     expected = scheduler.state.params.clone()

@@ -20,8 +20,8 @@ from matplotlib.image import imread
 from matplotlib.legend import Legend
 
 from raysim.errors import ScenarioError
-from raysim.metrics.output import PLOTS, REPORT_HTML, OutputDir
-from raysim.metrics.report import (assign_lanes, load_runs, read_columns, run_labels, time_to_accuracy_table,
+from raysim.output.directory import PLOTS, REPORT_HTML, OutputDir
+from raysim.report.figures import (assign_lanes, load_runs, read_columns, run_labels, time_to_accuracy_table,
                                    write_report, _lines_figure)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

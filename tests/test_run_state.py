@@ -16,7 +16,7 @@ from raysim.data import build_dataset
 from raysim.engine.checkpoint import Checkpoint
 from raysim.engine.run_state import RunState
 from raysim.engine.runtime import LocalRuntime
-from raysim.metrics import OutputDir
+from raysim.output import OutputDir
 from raysim.scenario import scenario_object
 
 STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",
@@ -103,7 +103,7 @@ def _mid_flight(scheduler, buffered: bool) -> list:
     """Reports of driver steps until the asynchronous driver holds what a restore must bring back:
     tasks in flight from several model versions, unsent tasks, a call of which some results were
     used and some are still needed, and (``buffered``) updates in the FedBuff buffer."""
-    driver, reports = scheduler.driver, []
+    driver, reports = scheduler.loop, []
     while not scheduler.done:
         reports.append(scheduler.advance(0.0))
         partly_used = any(c.remaining < len(c.task.client_ids) for c in driver.calls.values())
@@ -120,7 +120,7 @@ def test_sync_fedavg_state_round_trips(tmp_path):
     scheduler = _scheduler(small_scenario(tmp_path, *SYNC))
     _steps(scheduler, 2)
     state = scheduler.run_state()
-    assert state.version == 2 and state.counter == 2 and state.applied == 24 and state.driver == {}
+    assert state.version == 2 and state.counter == 2 and state.applied == 24 and state.loop == {}
     assert not math.isnan(state.last_eval["test_accuracy"])
     loaded = _round_trip(state, tmp_path)
     assert loaded.server.params.dtype == torch.float32
@@ -142,7 +142,7 @@ def test_async_fedbuff_state_round_trips_with_tasks_in_flight(tmp_path):
     scheduler = _scheduler(small_scenario(tmp_path, *FEDBUFF))
     _mid_flight(scheduler, buffered=True)
     state = scheduler.run_state()
-    driver = state.driver
+    driver = state.loop
     assert driver["started"] and len(driver["in_flight"]) == 6 and driver["calls"]
     assert int(driver["busy"].sum()) == 6 and driver["busy"].dtype == torch.bool
     assert set(driver["payloads"]) == {r["version"] for r in driver["in_flight"]} | {
@@ -186,7 +186,7 @@ def _restored_run_is_the_same_run(tmp_path, cfg, reach) -> RunState:
 
 def test_sync_fedavg_restored_run_is_the_same_run(tmp_path):
     state = _restored_run_is_the_same_run(tmp_path, small_scenario(tmp_path, *SYNC), lambda s: _steps(s, 2))
-    assert state.version == 2 and state.driver == {} and not state.done
+    assert state.version == 2 and state.loop == {} and not state.done
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])
@@ -205,25 +205,25 @@ def test_stateful_restored_run_is_the_same_run_and_needs_the_client_states(tmp_p
 def test_async_fedbuff_restored_run_is_the_same_run(tmp_path, algorithm):
     state = _restored_run_is_the_same_run(tmp_path, small_scenario(tmp_path, *FEDBUFF, f"algorithm.name={algorithm}"),
                                           lambda s: _mid_flight(s, buffered=True))
-    assert 0 < len(state.driver["buffer"]) < 4 and state.driver["calls"] and state.applied < 40
+    assert 0 < len(state.loop["buffer"]) < 4 and state.loop["calls"] and state.applied < 40
     if algorithm == "feddyn":  # calls are re-sent with the client states they were sent with
-        sent = [k for task in state.driver["calls"].values() for k in task["states"] if k is not None]
+        sent = [k for task in state.loop["calls"].values() for k in task["states"] if k is not None]
         assert state.client_state and sent
 
 
 def test_async_fedasync_restored_run_is_the_same_run(tmp_path):
     state = _restored_run_is_the_same_run(tmp_path, small_scenario(tmp_path, *FEDASYNC),
                                           lambda s: _mid_flight(s, buffered=False))
-    assert state.driver["calls"] and state.applied < 25
+    assert state.loop["calls"] and state.applied < 25
 
 
 def test_advance_stops_at_the_checkpoint_version_also_inside_windows(tmp_path, monkeypatch):
     """``advance(..., stop_version)`` ends exactly at that server version (where the driver takes a
     checkpoint), although the asynchronous driver handles windows of completions at once."""
-    from raysim.engine.asynchronous import AsyncDriver
+    from raysim.engine.asynchronous import AsyncUpdates
 
-    windows, handle = [], AsyncDriver._handle_window
-    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, window: windows.append(len(window))
+    windows, handle = [], AsyncUpdates._handle_window
+    monkeypatch.setattr(AsyncUpdates, "_handle_window", lambda self, window: windows.append(len(window))
                         or handle(self, window))
     scheduler = _scheduler(small_scenario(tmp_path, *STRAGGLERS, "execution.mode=async", "execution.concurrency=30",
                                           "execution.max_updates=200", "data.num_clients=100"))

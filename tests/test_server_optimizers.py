@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raysim.algorithms import server_optimizers as so
-from raysim.aggregators import weighted_mean
+from raysim.algorithms.aggregation_rules import weighted_mean
 
 UPDATES = [[0.5, -1.0, 2.0], [0.1, 0.3, -0.4], [-0.2, 0.0, 1.5]]  # g_1, g_2, g_3 (pseudo-gradients)
 

@@ -104,7 +104,7 @@ def test_embedded_ray_closes_every_process_it_started():
 def test_long_lived_loads_without_gc_then_freezes():
     import gc
 
-    from raysim.loading import long_lived
+    from raysim.long_lived import long_lived
 
     class Node:
         pass

@@ -269,7 +269,7 @@ def test_submit_of_a_sweep_file_submits_the_sweep(tmp_path, monkeypatch):
 
 
 def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys):
-    from raysim.metrics import OutputDir
+    from raysim.output import OutputDir
 
     out = tmp_path / "out"
     held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -278,7 +278,7 @@ def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys
         lock.claim("sweep")
         record = dict(lock._lock, pid=held.pid, process_started=__import__("psutil").Process(held.pid).create_time())
         lock.release()
-        from raysim.metrics.output import LOCK
+        from raysim.output.directory import LOCK
 
         (out / LOCK).write_text(json.dumps(record))
         assert sweep("--grid", "execution.rounds=1", "--out", str(out)) == 2

@@ -90,8 +90,8 @@ def test_a_remote_output_dir_is_refused(tmp_path):
 def test_rows_written_again_after_a_stop_replace_the_old_steps(tmp_path):
     """As after a driver killed between a flush and the next checkpoint: a writer going on after the first
     rows (purge_step) writes the later ones again, and each step shows once."""
-    from raysim.metrics.output import OutputDir
-    from raysim.metrics.tensorboard import COLUMNS, TensorBoardLog, read_rows
+    from raysim.output.directory import OutputDir
+    from raysim.output.tensorboard import COLUMNS, TensorBoardLog, read_rows
 
     run_dir = raysim.run(small_scenario(tmp_path, *ASYNC)).output_dir
     out = OutputDir.open(run_dir, create=False)

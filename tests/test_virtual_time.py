@@ -135,22 +135,22 @@ def test_dispatches_drawn_ahead_are_the_one_at_a_time_draws(tmp_path, monkeypatc
     """The async driver draws the next completions' dispatches ahead (clients, task draws and
     timings) and handles windows of completions at once; the run is the one in which every
     dispatch is drawn when its completion is handled, one completion at a time."""
-    from raysim.engine.asynchronous import AsyncDriver
+    from raysim.engine.asynchronous import AsyncUpdates
 
     cfg = small_scenario(tmp_path / "ahead", *STRAGGLERS, "execution.mode=async", "execution.max_updates=300",
                          "data.num_clients=100", "eval.every=50", "algorithm.server_lr=0.3", *overrides)
-    plans, windows, plan, handle = [], [], AsyncDriver._plan, AsyncDriver._handle_window
-    monkeypatch.setattr(AsyncDriver, "_plan", lambda self, completions, in_flight:
+    plans, windows, plan, handle = [], [], AsyncUpdates._plan, AsyncUpdates._handle_window
+    monkeypatch.setattr(AsyncUpdates, "_plan", lambda self, completions, in_flight:
                         plans.append((len(self.ahead), len(completions))) or plan(self, completions, in_flight))
-    monkeypatch.setattr(AsyncDriver, "_handle_window", lambda self, window:
+    monkeypatch.setattr(AsyncUpdates, "_handle_window", lambda self, window:
                         windows.append(len(window)) or handle(self, window))
     ahead = _run(cfg)
     ahead_events = _events(tmp_path / "ahead")
     # plans were used past their first entry, and some were dropped when a new task ended first
     assert len(plans) < 300 and max(size for _, size in plans) > 8 and any(left for left, _ in plans)
     assert sum(windows) > 30 and all(size >= 2 for size in windows)
-    monkeypatch.setattr(AsyncDriver, "_planned", lambda self, after: None)
-    monkeypatch.setattr(AsyncDriver, "_window", lambda self: [])
+    monkeypatch.setattr(AsyncUpdates, "_planned", lambda self, after: None)
+    monkeypatch.setattr(AsyncUpdates, "_window", lambda self: [])
     cfg.output.dir = str(tmp_path / "alone/out")
     alone = _run(cfg)
     alone_events = _events(tmp_path / "alone")
@@ -166,13 +166,13 @@ def test_an_update_that_diverges_inside_a_window_ends_the_run_as_one_at_a_time(t
     """A FedAsync window takes its server steps together once its updates are in; an update that
     diverges in the middle of one first has the steps before it taken and logged, so the failed
     run leaves the rows, the error and the model version of the one-at-a-time loop."""
-    from raysim.engine.asynchronous import AsyncDriver
+    from raysim.engine.asynchronous import AsyncUpdates
     from raysim.errors import DivergenceError
 
     overrides = [*STRAGGLERS, "execution.mode=async", "execution.max_updates=300", "data.num_clients=100",
                  "execution.concurrency=30", "eval.every=0", "eval.curvature=true",
                  "algorithm.lr=5", "algorithm.server_lr=1.0"]
-    diverged_in_window, apply = [], AsyncDriver._apply
+    diverged_in_window, apply = [], AsyncUpdates._apply
 
     def watched(self, *args):
         waiting = self.deferred is not None and len(self.deferred)
@@ -182,11 +182,11 @@ def test_an_update_that_diverges_inside_a_window_ends_the_run_as_one_at_a_time(t
             diverged_in_window.append(waiting)
             raise
 
-    monkeypatch.setattr(AsyncDriver, "_apply", watched)
+    monkeypatch.setattr(AsyncUpdates, "_apply", watched)
     with pytest.raises(DivergenceError) as windowed:
         _run(small_scenario(tmp_path / "window", *overrides))
     assert diverged_in_window[0] > 0  # steps of the window were waiting when the update came
-    monkeypatch.setattr(AsyncDriver, "_window", lambda self: [])
+    monkeypatch.setattr(AsyncUpdates, "_window", lambda self: [])
     with pytest.raises(DivergenceError) as alone:
         _run(small_scenario(tmp_path / "alone", *overrides))
     assert str(windowed.value) == str(alone.value)

@@ -1,7 +1,7 @@
 """Federated algorithms, one module per family, built from shared parts: the local loop
 (:mod:`.local`), gradient oracles (:mod:`.oracles`), client transforms (:mod:`.transforms`),
-the server's aggregation rule (:mod:`.aggregation`, over :mod:`raysim.aggregators`) and server optimizers
-(:mod:`.server_optimizers`).
+the server's aggregation rule (:mod:`.aggregation`, over the functions of :mod:`.aggregation_rules`
+declared in :mod:`.aggregator_catalog`) and server optimizers (:mod:`.server_optimizers`).
 
 Importing this package loads no torch (scenarios are checked before torch loads); the names
 below load their modules on first use. Built-in algorithms are registered in

@@ -1,6 +1,6 @@
 """The server's aggregation rule, from an algorithm's keys (``algorithm.aggregator`` and its keys).
 
-Binds a rule of :mod:`raysim.aggregators` (or a custom ``package.module:function``) to its
+Binds a rule of :mod:`raysim.algorithms.aggregation_rules` (or a custom ``package.module:function``) to its
 parameters, optional bucketing, and its state between server steps, kept in
 ``ServerState.aggregation``: the number of aggregations so far (it seeds bucketing's
 permutation, stream ``(Purpose.BUCKETING, aggregations)``) and, for centered clipping, the
@@ -14,8 +14,8 @@ import math
 import numpy as np
 import torch
 
-from raysim import aggregators
-from raysim.algorithms.rules import RULES
+from raysim.algorithms import aggregation_rules
+from raysim.algorithms.aggregator_catalog import RULES
 from raysim.importing import import_object
 from raysim.robust_f import capped_f, default_f
 from raysim.streams import Purpose, stream
@@ -55,7 +55,7 @@ class ServerAggregator:
 
     def __call__(self, vectors: torch.Tensor, weights: np.ndarray, state: dict) -> tuple[torch.Tensor, dict]:
         if self.name == "mean":
-            return aggregators.weighted_mean(vectors, weights), state
+            return aggregation_rules.weighted_mean(vectors, weights), state
         step = state.get("steps", 0)
         params = dict(self.params)
         inputs = -(-len(vectors) // self.bucket_size)
@@ -69,7 +69,7 @@ class ServerAggregator:
             params["start"] = state.get("previous")
         given = None if clipping else weights
         if self.bucket_size > 1:
-            aggregate = aggregators.bucketing(vectors, given, rule=self.rule, bucket_size=self.bucket_size,
+            aggregate = aggregation_rules.bucketing(vectors, given, rule=self.rule, bucket_size=self.bucket_size,
                                               rng=stream(self.seed, Purpose.BUCKETING, step), **params)
         else:
             aggregate = self.rule(vectors, given, **params)

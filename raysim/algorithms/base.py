@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim import aggregators
+from raysim.algorithms import aggregation_rules
 from raysim.algorithms import server_optimizers
 from raysim.algorithms.aggregation import ServerAggregator
 from raysim.algorithms.context import ClientContext
@@ -188,7 +188,7 @@ class Algorithm:
         states = []
         for first in range(0, len(steps), rows):
             chunk = steps[first:first + rows]
-            aggregates = aggregators.weighted_rows(torch.cat([u.vector for u, _ in chunk]),
+            aggregates = aggregation_rules.weighted_rows(torch.cat([u.vector for u, _ in chunk]),
                                                    np.concatenate([w for _, w in chunk]))
             if rowwise:  # θ_k = θ_{k−1} − step_k, as server_apply takes each
                 theta = state.params.numpy()

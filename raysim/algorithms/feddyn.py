@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.aggregators import weighted_mean
+from raysim.algorithms.aggregation_rules import weighted_mean
 from raysim.algorithms.context import ClientContext
 from raysim.algorithms.updates import ClientUpdates
 from raysim.algorithms.fedavg import FedAvg

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms import server_optimizers
-from raysim.aggregators import weighted_mean
+from raysim.algorithms.aggregation_rules import weighted_mean
 from raysim.algorithms.base import Algorithm
 from raysim.algorithms.context import ClientContext
 from raysim.algorithms.updates import ClientUpdates, ServerState

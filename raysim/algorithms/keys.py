@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from raysim.data.kinds import CLIENTS_FROM_FILES
 from raysim.errors import ScenarioError
-from raysim.algorithms.rules import RULES, using
+from raysim.algorithms.aggregator_catalog import RULES, using
 from raysim.importing import import_callable
 from raysim.robust_f import default_f, largest_f
 from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,

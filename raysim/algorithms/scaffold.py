@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raysim.aggregators import weighted_mean
+from raysim.algorithms.aggregation_rules import weighted_mean
 from raysim.algorithms.base import Algorithm
 from raysim.algorithms.context import ClientContext
 from raysim.algorithms.updates import ClientUpdates

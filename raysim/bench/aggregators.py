@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from raysim.aggregators import AGGREGATORS, bucketing
+from raysim.algorithms.aggregation_rules import AGGREGATORS, bucketing
 from raysim.robust_f import capped_f
 
 

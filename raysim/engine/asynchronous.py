@@ -15,8 +15,8 @@ only while the completions come in the order they were planned for, so results a
 same as drawing them one by one.
 
 The planned dispatches' virtual durations are known too (unless the algorithm's
-``timing_reads_payload``), so the driver can tell how many of the next completions come before any task
-it is about to dispatch: those are handled as one window (:meth:`AsyncDriver._window`): their
+``timing_reads_payload``), so the loop can tell how many of the next completions come before any task
+it is about to dispatch: those are handled as one window (:meth:`AsyncUpdates._window`): their
 updates and server steps first (FedAsync's plain steps together, their mean aggregates at once),
 then their dispatches. Every step of the one-at-a-time loop happens on the same values and every
 row comes in the same order, so the results are the same bytes; the gain is that each kind of
@@ -98,7 +98,7 @@ class Call:
     nonfinite: np.ndarray | None = None  # per result: a non-finite loss or update
 
 
-class AsyncDriver:
+class AsyncUpdates:
     """FedAsync / FedBuff server loop; one :meth:`step` handles one completion event, or a window of them."""
 
     def __init__(self, scheduler):
@@ -131,7 +131,7 @@ class AsyncDriver:
         return {e.data.version for e in self.unsent}
 
     def snapshot(self) -> dict:
-        """The driver's part of the run state, plain content: whether it has started; the tasks in
+        """The loop's part of the run state, plain content: whether it has started; the tasks in
         flight (``in_flight``: the unsent ones first, in dispatch order, then the others in
         completion order; each with its completion time, client, counter, model version, virtual
         start, failed flag, and call and position in it); the tasks of the calls whose results

@@ -18,7 +18,7 @@ import torch
 
 from raysim.engine.run_state import RunState
 from raysim.errors import ScenarioError
-from raysim.metrics.output import CHECKPOINT
+from raysim.output.directory import CHECKPOINT
 FORMAT = 3  # 2: the server pipeline's stage states replace format 1's honest_seen and momentum;
 # 3: per-client stage state as raysim.pipeline.per_client trees
 

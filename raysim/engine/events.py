@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from raysim.metrics.output import EVENTS_SCHEMA
+from raysim.output.directory import EVENTS_SCHEMA
 
 # each column a task's row holds, with its numpy dtype (node: added per row batch by Scheduler.advance)
 TASK_COLUMNS = {f.name: str if pa.types.is_string(f.type) else f.type.to_pandas_dtype()

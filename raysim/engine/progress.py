@@ -1,6 +1,6 @@
 """How far a run has come: the server version, the virtual clock, the sampling counter, the
-applied updates and whether it is done. The drivers move a run forward only through the
-methods of its :class:`Progress`."""
+applied updates and whether it is done. The execution loops (synchronous rounds, asynchronous
+updates) move a run forward only through the methods of its :class:`Progress`."""
 
 from __future__ import annotations
 

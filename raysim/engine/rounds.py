@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from raysim.metrics.output import ROUNDS_SCHEMA
+from raysim.output.directory import ROUNDS_SCHEMA
 
 ROUND_COLUMNS = tuple(ROUNDS_SCHEMA.names)
 TASK_COUNTS = ("late", "dropped", "failed", "stale")  # the step's tasks by status other than applied: 0 unless given

@@ -25,8 +25,8 @@ from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
 from raysim.engine.run_evaluation import evaluates_on_hosts
-from raysim.metrics import ParquetLog
-from raysim.metrics.output import DIAGNOSTICS, EVENTS_SCHEMA, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
+from raysim.output import ParquetLog
+from raysim.output.directory import DIAGNOSTICS, EVENTS_SCHEMA, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
 
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
@@ -100,12 +100,12 @@ def run_scenario(prepared, runtime, progress=None, began: float | None = None,
         if checkpoint is None:
             prepared.output.clear_run_files()
             prepared.output.write_text("scenario.yaml", prepared.scenario_yaml)
-        return Run(prepared, runtime, began, checkpoint).execute(progress)
+        return RunLoop(prepared, runtime, began, checkpoint).execute(progress)
     finally:
         prepared.output.release()
 
 
-class Run:
+class RunLoop:
     """Runs a prepared scenario on a runtime (see :func:`run_scenario`)."""
 
     def __init__(self, prepared, runtime, began: float, checkpoint: Checkpoint | None = None):
@@ -165,7 +165,7 @@ class Run:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.cfg.output.tensorboard:
-            from raysim.metrics.tensorboard import TensorBoardLog
+            from raysim.output.tensorboard import TensorBoardLog
 
             self.tensorboard = TensorBoardLog(self.out, {name: log.written for name, log in self.logs.items()})
         self.scheduler = self.runtime.scheduler(self.cfg, self.prepared.dataset)

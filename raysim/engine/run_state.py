@@ -10,10 +10,10 @@ What it holds: the server state (parameters, server optimizer, the algorithm's o
 diagnostics), each client's kept state (stateful algorithms), the virtual clock, the server
 version, the dispatch counter, the applied updates, the latest evaluation, whether the run is done,
 the states of the server pipeline's stages (:mod:`raysim.pipeline`: each client's momentum, the
-honest updates an omniscient Byzantine attack under FedAsync still sees), and the driver's own state (:meth:`SyncDriver.snapshot`,
-:meth:`AsyncDriver.snapshot`): nothing for synchronous rounds; for asynchronous runs the tasks in
-flight, the FedBuff buffer not yet applied, the busy clients and the payloads of the model versions
-those tasks start from. A task in flight is kept as what defines it, never as a pending call:
+honest updates an omniscient Byzantine attack under FedAsync still sees), and the execution loop's
+own state (:meth:`SyncRounds.snapshot`, :meth:`AsyncUpdates.snapshot`): nothing for synchronous
+rounds; for asynchronous runs the tasks in flight, the FedBuff buffer not yet applied, the busy
+clients and the payloads of the model versions those tasks start from. A task in flight is kept as what defines it, never as a pending call:
 client work is a pure function of (seed, client, dispatch counter, payload, client state), so a
 task whose result was not yet known is computed again after a restore, with the same result.
 
@@ -49,7 +49,7 @@ class RunState:
     applied: int  # client updates applied
     last_eval: dict  # the latest evaluation: test loss and accuracy, personalized accuracies
     done: bool  # the run has ended
-    driver: dict  # the driver's own state: plain content, see SyncDriver/AsyncDriver.snapshot
+    loop: dict  # the execution loop's own state: plain content, see SyncRounds/AsyncUpdates.snapshot
     pipeline: dict = field(default_factory=dict)  # server stage name -> its state (raysim.pipeline)
 
     def content(self) -> dict:

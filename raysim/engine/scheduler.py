@@ -17,7 +17,7 @@ from raysim.scenario import Scenario
 
 from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
-from raysim.engine.asynchronous import AsyncDriver
+from raysim.engine.asynchronous import AsyncUpdates
 from raysim.engine.dispatch import clients_per_task
 from raysim.engine.events import event_columns
 from raysim.engine.payloads import PayloadCache
@@ -26,7 +26,7 @@ from raysim.engine.rounds import round_row
 from raysim.engine.run_evaluation import Evaluation
 from raysim.engine.run_state import RunState
 from raysim.engine.server import Server
-from raysim.engine.sync import SyncDriver
+from raysim.engine.sync import SyncRounds
 from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
@@ -59,8 +59,8 @@ class Scheduler:
         self._rounds: list = []
         self._events: list = []
         self.value_bytes = initial.element_size()
-        self.driver = SyncDriver(self) if cfg.execution.mode == "sync" else AsyncDriver(self)
-        self.payloads = PayloadCache(self.algorithm, runtime, self.driver.versions_in_use)
+        self.loop = SyncRounds(self) if cfg.execution.mode == "sync" else AsyncUpdates(self)
+        self.payloads = PayloadCache(self.algorithm, runtime, self.loop.versions_in_use)
 
     @property
     def state(self):
@@ -95,7 +95,7 @@ class Scheduler:
             # the server's tensor work takes the clients' thread count: a wider pool only spins beside busy actors
             with torch_threads(self.cfg.runtime.torch_threads):
                 while not self.done and (stop_version is None or self.version < stop_version):
-                    self.driver.step()
+                    self.loop.step()
                     if time.perf_counter() >= until:
                         break
         except RunError as exc:  # reported with the rows made so far
@@ -126,7 +126,7 @@ class Scheduler:
         p = self.progress
         return RunState(server=self.state, client_state=dict(self.client_state), clock=float(p.clock),
                         version=p.version, counter=p.counter, applied=p.applied, last_eval=dict(self.evaluation.last),
-                        done=p.done, driver=self.driver.snapshot(), pipeline=dict(self.server.stage_states))
+                        done=p.done, loop=self.loop.snapshot(), pipeline=dict(self.server.stage_states))
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
@@ -139,9 +139,9 @@ class Scheduler:
         self.evaluation.last = dict(state.last_eval)
         self._rounds, self._events = [], []
         self.payloads.clear()
-        self.driver.restore(state.driver)
+        self.loop.restore(state.loop)
 
-    # ------------------------------------------------------------------ services for drivers
+    # ------------------------------------------------------------------ services for the loops
 
     def payload_handle(self) -> dict:
         """{version: handle} of the current model, broadcast once per version."""

@@ -40,7 +40,7 @@ def round_policy(durations: np.ndarray, failed: np.ndarray, fail_at: np.ndarray,
     return kept, late, dropped, duration
 
 
-class SyncDriver:
+class SyncRounds:
     """Runs ``execution.rounds`` synchronous rounds."""
 
     def __init__(self, scheduler):
@@ -50,7 +50,7 @@ class SyncDriver:
         return ()
 
     def snapshot(self) -> dict:
-        """The driver's part of the run state: nothing, rounds keep no state between them."""
+        """The loop's part of the run state: nothing, rounds keep no state between them."""
         return {}
 
     def restore(self, state: dict) -> None:

@@ -194,7 +194,7 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
 
     require(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     check_values(cfg, OutputConfig, "output")
-    from raysim.metrics.tensorboard import check_tensorboard  # pyarrow: loaded by the run, not by validation
+    from raysim.output.tensorboard import check_tensorboard  # pyarrow: loaded by the run, not by validation
 
     check_tensorboard(cfg.output)
 

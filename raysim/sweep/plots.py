@@ -1,6 +1,6 @@
 """Plots of a sweep: a metric of the completed points against a grid key, one line per combination
 of the other grid keys (mean over repeats, with their range as error bars), drawn in the style of
-:mod:`raysim.metrics.report` (a bare Figure, Agg rendering)."""
+:mod:`raysim.report.figures` (a bare Figure, Agg rendering)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from raysim.measure import MIB
-from raysim.metrics.report import DPI, new_figure
+from raysim.report.figures import DPI, new_figure
 from raysim.sweep.results import value_text
 
 LABELS = {  # metric -> (axis label, scale)

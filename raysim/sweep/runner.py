@@ -49,9 +49,9 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
 
 @contextmanager
 def _claimed(out: Path):
-    """Hold the sweep directory's lock (the run lock of :class:`raysim.metrics.OutputDir`) while
+    """Hold the sweep directory's lock (the run lock of :class:`raysim.output.OutputDir`) while
     the sweep runs: a second sweep into it is refused (ScenarioError) instead of mixing runs."""
-    from raysim.metrics import OutputDir
+    from raysim.output import OutputDir
 
     directory = OutputDir.open(str(out), create=True)
     try:

@@ -3,7 +3,7 @@
 :func:`write_report` reads each run's ``rounds.parquet``, ``events.parquet`` (optional),
 ``summary.json`` and ``scenario.yaml`` (optional: an interrupted run may lack them) from any
 ``output.dir`` (a path or a URI pyarrow understands) and writes the PNGs listed in :data:`PLOTS`
-and ``report.html`` (:mod:`raysim.metrics.html`). A plot is written only when at least one run has
+and ``report.html`` (:mod:`raysim.report.html`). A plot is written only when at least one run has
 data for it: a plot whose columns are missing (or all null) in every run is skipped, so runs
 without the virtual-time scheduler get no staleness histogram and no timeline.
 
@@ -29,8 +29,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from raysim.errors import ScenarioError
-from raysim.metrics.html import number_text, report_html, seconds_text
-from raysim.metrics.output import DIAGNOSTICS, PLOTS, REPORT_HTML, SERVER_DIAGNOSTIC, OutputDir
+from raysim.output.directory import (DIAGNOSTICS, PLOTS, REPORT_HTML, SERVER_DIAGNOSTIC, OutputDir, applied,
+                                     table_arrays)
+from raysim.report.html import number_text, report_html, seconds_text
 
 MAX_TIMELINE_TASKS = 300
 SPAN = 100.0  # an axis whose positive values span more than this factor is logarithmic
@@ -51,7 +52,7 @@ _FIGSIZE, DPI = (8.0, 5.0), 100
 
 
 @dataclass
-class Run:
+class SavedRun:
     """What the report needs from one run directory (absent columns are left out)."""
 
     label: str
@@ -118,7 +119,7 @@ def write_report(run_dirs: list[str], out_dir: str | None = None, target: float 
     return [out.path(name) for name in [*images, REPORT_HTML]]
 
 
-def load_runs(run_dirs: list[str]) -> list[Run]:
+def load_runs(run_dirs: list[str]) -> list[SavedRun]:
     """The runs of ``run_dirs`` (paths or URIs), labelled by :func:`run_labels`; ScenarioError for a
     directory without ``rounds.parquet``."""
     if not run_dirs:
@@ -130,7 +131,7 @@ def load_runs(run_dirs: list[str]) -> list[Run]:
     summaries = [_read_text(out, "summary.json", json.loads) for out in outs]
     labels = run_labels([s and s.get("name") for s in summaries], run_dirs)
     owns = [own_diagnostics(out) for out in outs]
-    return [Run(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS + own),
+    return [SavedRun(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS + own),
                 read_columns(out, "events.parquet", _EVENT_COLUMNS), summary,
                 _read_text(out, "scenario.yaml", yaml.safe_load), own)
             for label, out, summary, own in zip(labels, outs, summaries, owns)]
@@ -196,17 +197,6 @@ def read_columns(out: OutputDir, name: str, wanted: tuple[str, ...]) -> dict[str
         return {}
 
 
-def table_arrays(table: pa.Table) -> dict[str, np.ndarray]:
-    """The columns of ``table`` as arrays; nulls become NaN (numbers) or None (strings)."""
-    columns = {}
-    for name in table.column_names:
-        column = table.column(name)
-        if pa.types.is_dictionary(column.type):  # to_numpy misplaces nulls of dictionary arrays
-            column = column.cast(column.type.value_type)
-        columns[name] = column.to_numpy(zero_copy_only=False)
-    return columns
-
-
 def auto_scale(ax, axis: str, values: list[np.ndarray], span: float = SPAN) -> None:
     """Make ``axis`` ("x" or "y") of ``ax`` logarithmic when the nonzero magnitudes of ``values``
     span more than ``span`` (symlog when some value is <= 0)."""
@@ -220,14 +210,6 @@ def auto_scale(ax, axis: str, values: list[np.ndarray], span: float = SPAN) -> N
         setter("log")
     else:
         setter("symlog", linthresh=float(magnitudes.min()))
-
-
-def applied(events: dict[str, np.ndarray]) -> np.ndarray:
-    """Mask of applied updates: status == "applied", or every event when there is no status column."""
-    n = len(next(iter(events.values()))) if events else 0
-    if "status" not in events:
-        return np.ones(n, dtype=bool)
-    return events["status"] == "applied"
 
 
 def new_figure(title: str, xlabel: str, ylabel: str):
@@ -253,7 +235,7 @@ def _plot(ax, x, y, color: str, marker: str = "o", widen: float = 1.0, linewidth
             linewidth=linewidth * widen, **kwargs)
 
 
-def _reach_text(run: Run, x: str, target: float) -> str:
+def _reach_text(run: SavedRun, x: str, target: float) -> str:
     """Where ``run`` first reached ``target`` on axis ``x``, for a legend."""
     i = run.reach(target)
     if i is None or not np.isfinite(run.rounds[x][i]):
@@ -263,7 +245,7 @@ def _reach_text(run: Run, x: str, target: float) -> str:
     return f"{target:g} at {where[x]}"
 
 
-def _lines_figure(runs: list[Run], x: str, columns: tuple[str, ...], title: str, ylabel: str,
+def _lines_figure(runs: list[SavedRun], x: str, columns: tuple[str, ...], title: str, ylabel: str,
                   target: float | None = None) -> Figure | None:
     """``columns`` (finite rows) against ``x``, every run overlaid: one colour per run, one line
     style per column; ``target`` as a horizontal line with each run's time to reach it."""
@@ -288,7 +270,7 @@ def _lines_figure(runs: list[Run], x: str, columns: tuple[str, ...], title: str,
     return fig
 
 
-def _personalized_figure(runs: list[Run]) -> Figure | None:
+def _personalized_figure(runs: list[SavedRun]) -> Figure | None:
     """Personalized accuracy (pooled, and the mean over clients with its 95% band) against server
     steps, the global model's test accuracy dotted beside it."""
     if not any(run.series("round", "personalized_accuracy") for run in runs):
@@ -303,7 +285,7 @@ def _personalized_figure(runs: list[Run]) -> Figure | None:
     return fig
 
 
-def _diagnostics_figure(runs: list[Run]) -> Figure | None:
+def _diagnostics_figure(runs: list[SavedRun]) -> Figure | None:
     """One panel per diagnostics column some run logged, against server steps, runs overlaid;
     errors and norms on a log scale."""
     columns = list(DIAGNOSTICS) + list(dict.fromkeys(c for run in runs for c in run.own_diagnostics))
@@ -353,7 +335,7 @@ def _panel_histograms(title: str, xlabel: str, ylabel: str, panels: list[tuple[s
     return fig
 
 
-def _staleness_figure(runs: list[Run]) -> Figure | None:
+def _staleness_figure(runs: list[SavedRun]) -> Figure | None:
     """Staleness of applied updates, one panel per run."""
     panels = []
     for run in runs:
@@ -369,7 +351,7 @@ def _staleness_figure(runs: list[Run]) -> Figure | None:
                              "applied updates", panels)
 
 
-def _participation_figure(runs: list[Run]) -> Figure | None:
+def _participation_figure(runs: list[SavedRun]) -> Figure | None:
     """How many clients contributed k applied updates, one panel per run.
 
     The population is the run's registered clients (``summary.json``'s ``system.num_clients``), so
@@ -391,7 +373,7 @@ def _participation_figure(runs: list[Run]) -> Figure | None:
     return _panel_histograms("Participation per client", "applied updates per client (count)", "clients", panels)
 
 
-def _byzantine_figure(runs: list[Run]) -> Figure | None:
+def _byzantine_figure(runs: list[SavedRun]) -> Figure | None:
     """Share of each server step's applied updates that came from Byzantine clients, runs overlaid."""
     lines = []
     for k, run in enumerate(runs):
@@ -413,7 +395,7 @@ def _byzantine_figure(runs: list[Run]) -> Figure | None:
     return fig
 
 
-def _timeline_figure(runs: list[Run]) -> Figure | None:
+def _timeline_figure(runs: list[SavedRun]) -> Figure | None:
     """One Gantt panel per run with virtual times, on a shared virtual-time range: the tasks that
     start before the earliest run's :data:`MAX_TIMELINE_TASKS`-th start, one lane per concurrently
     running task, coloured by status, outlined so back-to-back tasks stay apart."""

@@ -76,7 +76,7 @@ def log_files(fs: pafs.FileSystem, path: str) -> list[str]:
 
 class ParquetLog:
     """Rows appended as the run goes, written as parts (see the module docstring) on :meth:`flush`
-    (the run decides when: :class:`raysim.engine.run.Run` flushes its logs together) and on
+    (the run decides when: :class:`raysim.engine.run.RunLoop` flushes its logs together) and on
     :meth:`close`. Memory holds only the rows not written yet."""
 
     def __init__(self, output, name: str, schema: pa.Schema, keep_rows: int | None = None):

@@ -19,13 +19,14 @@ import uuid
 from datetime import datetime
 from typing import Callable
 
+import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raysim.errors import OutputError, ScenarioError, first_line
-from raysim.metrics.parquet_log import log_files
+from raysim.output.parquet_log import log_files
 
 CHECKPOINT = "checkpoint.pt"  # raysim.engine.checkpoint writes it; named here, where no torch is imported
 RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", CHECKPOINT, "rounds.parquet", "events.parquet")
@@ -82,6 +83,25 @@ TENSORBOARD_DIR = "tensorboard"
 LOCK = ".raysim.lock"
 READ_ATTEMPTS = 5  # listings of a live log's parts tried by read_table (a merge may delete one meanwhile)
 _LOCK_FIELDS = ("pid", "host", "process_started", "run_started")
+
+
+def table_arrays(table: pa.Table) -> dict[str, np.ndarray]:
+    """The columns of ``table`` as arrays; nulls become NaN (numbers) or None (strings)."""
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if pa.types.is_dictionary(column.type):  # to_numpy misplaces nulls of dictionary arrays
+            column = column.cast(column.type.value_type)
+        columns[name] = column.to_numpy(zero_copy_only=False)
+    return columns
+
+
+def applied(events: dict[str, np.ndarray]) -> np.ndarray:
+    """Mask of applied updates: status == "applied", or every event when there is no status column."""
+    n = len(next(iter(events.values()))) if events else 0
+    if "status" not in events:
+        return np.ones(n, dtype=bool)
+    return events["status"] == "applied"
 
 
 class OutputDir:

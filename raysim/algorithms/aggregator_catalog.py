@@ -39,22 +39,24 @@ class AggregatorRule:
         return (*self.params.values(), *["byzantine_f"] * self.takes_f)
 
 
+FUNCTIONS = "raysim.algorithms.aggregation_rules"  # the module of the built-in rules' functions
+
 RULES = {rule.name: rule for rule in (
-    AggregatorRule("mean", "raysim.aggregators:mean", "weighted mean of the updates (FedAvg)"),
-    AggregatorRule("median", "raysim.aggregators:median", "coordinate-wise median (Yin et al. 2018)", compares=True),
-    AggregatorRule("trimmed_mean", "raysim.aggregators:trimmed_mean", "coordinate-wise mean without the trim·n "
-                   "largest and smallest values (Yin et al. 2018); key trim", {"trim": "trim"}, compares=True),
-    AggregatorRule("krum", "raysim.aggregators:krum", "the update closest to its n - f - 2 nearest neighbours "
+    AggregatorRule("mean", f"{FUNCTIONS}:mean", "weighted mean of the updates (FedAvg)"),
+    AggregatorRule("median", f"{FUNCTIONS}:median", "coordinate-wise median (Yin et al. 2018)", compares=True),
+    AggregatorRule("trimmed_mean", f"{FUNCTIONS}:trimmed_mean", "coordinate-wise mean without the trim·n largest and "
+                   "smallest values (Yin et al. 2018); key trim", {"trim": "trim"}, compares=True),
+    AggregatorRule("krum", f"{FUNCTIONS}:krum", "the update closest to its n - f - 2 nearest neighbours "
                    "(Blanchard et al. 2017); key byzantine_f", takes_f=True),
-    AggregatorRule("multi_krum", "raysim.aggregators:multi_krum", "mean of the m updates with the best Krum scores "
+    AggregatorRule("multi_krum", f"{FUNCTIONS}:multi_krum", "mean of the m updates with the best Krum scores "
                    "(Blanchard et al. 2017); keys byzantine_f, krum_m", {"m": "krum_m"}, takes_f=True),
-    AggregatorRule("geometric_median", "raysim.aggregators:geometric_median", "smoothed Weiszfeld geometric median, "
+    AggregatorRule("geometric_median", f"{FUNCTIONS}:geometric_median", "smoothed Weiszfeld geometric median, "
                    "RFA (Pillutla et al. 2022); keys gm_nu, gm_iterations",
                    {"nu": "gm_nu", "iterations": "gm_iterations"}, compares=True),
-    AggregatorRule("centered_clipping", "raysim.aggregators:centered_clipping", "clipped steps around the previous "
+    AggregatorRule("centered_clipping", f"{FUNCTIONS}:centered_clipping", "clipped steps around the previous "
                    "aggregate (Karimireddy et al. 2021); keys clip_radius, clip_iterations",
                    {"radius": "clip_radius", "iterations": "clip_iterations"}),
-    AggregatorRule("bulyan", "raysim.aggregators:bulyan", "Krum selection, then a coordinate-wise trimmed mean "
+    AggregatorRule("bulyan", f"{FUNCTIONS}:bulyan", "Krum selection, then a coordinate-wise trimmed mean "
                    "around the median (El Mhamdi et al. 2018); key byzantine_f", takes_f=True),
 )}
 AGGREGATOR_DOCS = {name: rule.doc for name, rule in RULES.items()}  # raysim list

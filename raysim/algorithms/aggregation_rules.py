@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from raysim.algorithms.rules import RULES
+from raysim.algorithms.aggregator_catalog import RULES
 from raysim.robust_f import floor_share, largest_f
 
 

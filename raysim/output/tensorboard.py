@@ -1,6 +1,6 @@
 """TensorBoard event files of a run (``output.tensorboard: true``), written as the run goes.
 
-At every flush of the Parquet logs (:meth:`raysim.engine.run.Run._flush`), the rows that flush
+At every flush of the Parquet logs (:meth:`raysim.engine.run.RunLoop._flush`), the rows that flush
 wrote (taken from memory just before it) go to ``<output.dir>/tensorboard/``: each numeric column
 of ``rounds.parquet`` as the scalar ``rounds/<column>`` at step ``round`` (null values skipped), and
 two histograms at the last step flushed: ``staleness`` of the updates applied since the previous
@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.errors import ScenarioError
-from raysim.metrics.output import TENSORBOARD_DIR
-from raysim.metrics.parquet_log import log_files
+from raysim.output.directory import TENSORBOARD_DIR, applied, table_arrays
+from raysim.output.parquet_log import log_files
 
 COLUMNS = {"rounds.parquet": None, "events.parquet": ("client_id", "staleness", "status")}  # None: all
 
@@ -58,7 +58,6 @@ def _arrays(table: pa.Table, columns: tuple[str, ...] | None) -> dict[str, np.nd
     """The ``columns`` present in ``table`` (None: all) as arrays; {} when it has no rows."""
     if table.num_rows == 0:
         return {}
-    from raysim.metrics.report import table_arrays  # matplotlib is imported only with tensorboard on
 
     return table_arrays(table if columns is None else table.select([c for c in columns if c in table.column_names]))
 
@@ -78,7 +77,7 @@ class TensorBoardLog:
 
     def write_flushed(self, unwritten: dict) -> None:
         """Write the rows a flush of the logs wrote: ``unwritten`` (log name -> its
-        :meth:`raysim.metrics.parquet_log.ParquetLog.unwritten` table, taken just before the flush)."""
+        :meth:`raysim.output.parquet_log.ParquetLog.unwritten` table, taken just before the flush)."""
         self.write({name: _arrays(unwritten[name], columns) for name, columns in COLUMNS.items()})
 
     def close(self) -> None:
@@ -107,7 +106,6 @@ class TensorBoardLog:
 
     def _count(self, events: dict[str, np.ndarray]) -> np.ndarray:
         """Add the applied events to the per-client counts; return the applied mask."""
-        from raysim.metrics.report import applied
 
         if not events:
             return np.zeros(0, dtype=bool)

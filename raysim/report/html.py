@@ -1,4 +1,4 @@
-"""``report.html``: one self-contained page of a report (:func:`raysim.metrics.report.write_report`):
+"""``report.html``: one self-contained page of a report (:func:`raysim.report.figures.write_report`):
 a summary table of the runs, the scenario keys whose values differ between them, and every plot,
 embedded as a base64 PNG data URI (no other file is needed to show it)."""
 
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from raysim.metrics.output import PLOTS
+from raysim.output.directory import PLOTS
 from raysim.schema import dotted_items
 
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}
@@ -21,7 +21,7 @@ QUADRATIC = ("rel_error", "grad_norm_sq", "loss_gap")  # summary columns of runs
 
 
 def report_html(runs, images: dict[str, bytes], target: float | None = None) -> str:
-    """The page for ``runs`` (:class:`raysim.metrics.report.Run`) and ``images`` (PLOTS name → PNG)."""
+    """The page for ``runs`` (:class:`raysim.report.figures.SavedRun`) and ``images`` (PLOTS name → PNG)."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>raysim report</title>"
              f"<style>{_STYLE}</style></head><body><h1>raysim report: {len(runs)} run(s)</h1>",
              "<h2>Runs</h2>", _table(*_summary(runs, target))]
