@@ -249,15 +249,15 @@ def test_ctrl_c_as_the_run_completes_leaves_it_complete_and_says_so(tmp_path, mo
     """A signal while the run writes its model and summary waits for them; the line then says the
     run completed (not that nothing can be resumed)."""
     from raysim.cli import main
-    from raysim.engine.run import Run
+    from raysim.engine.run import RunLoop
 
-    complete = Run._complete
+    complete = RunLoop._complete
 
     def signalled(self, final):
         os.kill(os.getpid(), signal.SIGINT)
         return complete(self, final)
 
-    monkeypatch.setattr(Run, "_complete", signalled)
+    monkeypatch.setattr(RunLoop, "_complete", signalled)
     monkeypatch.setattr("raysim.lifecycle._stopped_by", [])  # the signal main() takes is this test's only
     monkeypatch.setattr("raysim.lifecycle.guarded", contextlib.nullcontext)  # it would end the test session's Ray
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
