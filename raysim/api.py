@@ -50,14 +50,15 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     as long-lived objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
     from contextlib import nullcontext
 
-    from raysim.engine.run import run_scenario
-    from raysim.preparation import prepare
     from raysim.long_lived import long_lived
+    from raysim.preparation import prepare
 
     runtime = make_runtime(cfg)
     try:
         with long_lived() if freeze else nullcontext():
             prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint)  # Ray starts while torch loads
+        from raysim.engine.run import run_scenario  # torch: loaded by now, beside Ray's start-up
+
         summary = run_scenario(prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
     finally:
         runtime.close()

@@ -43,6 +43,31 @@ def test_scenario_and_data_are_checked_without_importing_torch():
     assert proc.stdout.strip() == "[]"
 
 
+
+def test_a_run_reaches_prepare_before_torch_loads():
+    """``raysim.api.execute`` (what ``raysim run`` calls) imports nothing that loads torch before
+    ``prepare``, which loads it in a thread while Ray starts: torch's seconds overlap Ray's."""
+    proc = _python("""
+        import sys
+        import raysim.api, raysim.preparation
+        from raysim.scenario import load_scenario
+
+        class Seen(Exception):
+            pass
+
+        def prepare(cfg, **kwargs):
+            raise Seen(sorted(m for m in sys.modules if m == "torch"))
+
+        raysim.preparation.prepare = prepare
+        cfg = load_scenario("scenarios/bench/w1.yaml", ["output.dir=/nonexistent"])  # on Ray, not yet started
+        try:
+            raysim.api.execute(cfg)
+        except Seen as seen:
+            print(seen.args[0])
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
 def test_the_catalog_names_exactly_what_the_builders_build():
     for name, builtin in catalog.ALGORITHMS.items():
         keys = builtin.keys
