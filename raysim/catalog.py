@@ -19,11 +19,11 @@ from raysim.data.leaf import FEMNIST_SHAPE, SHAKESPEARE_LENGTH  # the shapes cha
 from raysim.errors import ScenarioError
 from raysim.importing import import_object
 
-
 ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
 
 PERSONAL_MODES = ("none", "input_layer", "output_layer", "adapter")
 PERSONAL_INITS = ("random", "zero", "global")
+
 
 class BuiltinAlgorithm(typing.NamedTuple):
     """A built-in algorithm, declared once: its implementation (``module:Class``), its keys, and the

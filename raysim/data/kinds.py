@@ -49,5 +49,5 @@ DATA_FILES: dict[str, str] = {  # data.kind -> what data.path must name
 }
 PARTITIONED_FILES = ("mnist", "fashion_mnist", "cifar10", "cifar100")  # centralized sets that data.partition splits
 CLIENTS_FROM_FILES = ("parquet", "leaf")  # kinds whose files decide the clients (data.num_clients is refused):
-# their client counts are checked in simulation.prepare once the data set is read
+# their client counts are checked by raysim.scenario.validate.check_data_set once the data set is read
 GENERATED = ("gaussian_mixture", "leaf_synthetic", "saddle", "synthetic_images")  # a law each: data.generated.LAWS
