@@ -185,7 +185,8 @@ def markdown() -> str:
             "between algorithms has a row for each):", ""] + _algorithm_keys() + [""]
     out += ["## names", "", "The names the `kind` keys and their kin take (besides `package.module:name` for your "
             "own data set, model, algorithm or aggregator).", ""]
-    named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", {name: kind.doc for name, kind in MODELS.items()}),
+    models = {name: kind.doc for name, kind in MODELS.items()}
+    named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", models),
              ("algorithm.aggregator", AGGREGATOR_DOCS)]
     sections = dict.fromkeys(name.split(".")[0] for name in DISTRIBUTIONS)  # in the order they are declared
     named += [(_system_keys(s), {n.split(".", 1)[1]: d for n, d in DISTRIBUTIONS.items() if n.split(".")[0] == s})

@@ -79,18 +79,19 @@ class AlgorithmEnv:
     def quadratic(self) -> bool:
         return self.problem is not None
 
+
 class Algorithm:
     """Base class of every algorithm; subclasses write :meth:`client_update` and, where the server
     does more than apply the aggregated update, :meth:`server_direction`.
 
-    ``Keys`` is the dataclass of the algorithm's scenario keys (a custom algorithm declares its
-    own, see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients
-    keep state between visits; ``personalised``: the model has a personal part w that never
-    leaves the client (``model.personal``); ``timing_reads_payload``: a task's virtual duration
-    depends on the payload's values (:meth:`work` or :meth:`upload_size` reads them) or its sizes
-    change from one model version to the next, so it cannot be known before the task's version
-    exists; a class says so itself (false by default: asynchronous runs then time the next
-    dispatches ahead and handle windows of completions at once); ``sample_weighted``: a synchronous round weights updates by the
+    ``Keys`` is the dataclass of the algorithm's scenario keys (a custom algorithm declares its own,
+    see :mod:`raysim.algorithms.keys`); ``cfg`` holds their values. ``stateful``: clients keep state
+    between visits; ``personalised``: the model has a personal part w that never leaves the client
+    (``model.personal``); ``timing_reads_payload``: a task's virtual duration depends on the
+    payload's values (:meth:`work` or :meth:`upload_size` reads them) or its sizes change from one
+    model version to the next, so it cannot be known before the task's version exists; a class says
+    so itself (false by default: asynchronous runs then time the next dispatches ahead and handle
+    windows of completions at once); ``sample_weighted``: a synchronous round weights updates by the
     clients' training samples (false: a plain mean); ``server_diagnostics``: the names of the
     numbers :meth:`server_direction` reports (its third value), each logged in a rounds.parquet
     column of that name (see :meth:`diagnostics_of`); ``client_diagnostics``: the names of the

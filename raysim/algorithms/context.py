@@ -30,7 +30,7 @@ class ClientContext:
     noise: tuple | None = None  # (kind, scale): perturbation of local gradients
     normalize_steps: bool = False  # each client's step size is lr / (its number of local steps)
     states: list | None = None  # [C] each client's kept state (a dict of tensors, or None on a first visit)
-    label_flip: tuple | None = None  # (flipped [C] bool tensor, classes): Byzantine clients that train on flipped labels
+    label_flip: tuple | None = None  # (flipped [C] bool tensor, classes): Byzantine clients train on flipped labels
 
     @property
     def quadratic(self) -> bool:

@@ -313,7 +313,8 @@ class AsyncUpdates:
             s.progress.end()
             self._log(event, update, "diverged", staleness)
             raise DivergenceError(
-                f"update {s.progress.applied + 1} (virtual time {s.progress.clock:g}): client {event.client_id} diverged "
+                f"update {s.progress.applied + 1} (virtual time {s.progress.clock:g}): client {event.client_id} "
+                f"diverged "
                 f"(train_loss={update.train_loss[0]}, non-finite update); "
                 f"try a smaller algorithm.lr (now {s.cfg.algorithm.lr})")
         s.keep_states(update)
@@ -394,9 +395,9 @@ class AsyncUpdates:
             timing = s.timing(clients, np.full(len(clients), counter), draws)
             known_at, failed = timing.known_at_s.tolist(), timing.failed.tolist()
         s.payload_handle()
-        payload = s.payload()
+        payload, p = s.payload(), s.progress
         for c, known, fails in zip(clients.tolist(), known_at, failed):
-            self._push(Event(s.progress.clock + known, c, counter, InFlight(s.progress.version, payload, s.progress.clock, fails)))
+            self._push(Event(p.clock + known, c, counter, InFlight(p.version, payload, p.clock, fails)))
         if len(self.unsent) >= self.s.task_size:
             self._send()
 
@@ -409,7 +410,8 @@ class AsyncUpdates:
     def _plan_follows(self, after: Event) -> bool:
         """Whether the plan's next dispatch was made to follow ``after`` at the current sampling
         counter (the counter guards against any draw of a counter in between)."""
-        return bool(self.ahead) and self.ahead[0].after == _key(after) and self.ahead[0].counter == self.s.progress.counter
+        ahead = self.ahead[0] if self.ahead else None
+        return ahead is not None and ahead.after == _key(after) and ahead.counter == self.s.progress.counter
 
     def _planned(self, after: Event) -> Planned | None:
         """The dispatch planned to follow ``after`` with the current sampling counter, planning

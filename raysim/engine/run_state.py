@@ -13,9 +13,10 @@ the states of the server pipeline's stages (:mod:`raysim.pipeline`: each client'
 honest updates an omniscient Byzantine attack under FedAsync still sees), and the execution loop's
 own state (:meth:`SyncRounds.snapshot`, :meth:`AsyncUpdates.snapshot`): nothing for synchronous
 rounds; for asynchronous runs the tasks in flight, the FedBuff buffer not yet applied, the busy
-clients and the payloads of the model versions those tasks start from. A task in flight is kept as what defines it, never as a pending call:
-client work is a pure function of (seed, client, dispatch counter, payload, client state), so a
-task whose result was not yet known is computed again after a restore, with the same result.
+clients and the payloads of the model versions those tasks start from. A task in flight is kept as
+what defines it, never as a pending call: client work is a pure function of (seed, client,
+dispatch counter, payload, client state), so a task whose result was not yet known is computed
+again after a restore, with the same result.
 
 Caches (the broadcast payloads, the system model's availability coins) are rebuilt. Wall-clock
 time is not state: rows after a restore count wall time from the restoring scheduler's start.

@@ -6,13 +6,12 @@
 Prints one Markdown table of final test accuracy per data set and mode (a scenario file of the
 sweep; rows: attacks; columns: aggregators, without and with bucketing; a run that stopped on a
 non-finite model counts as 0) and draws the heat map of accuracy minus the clean run's. Reads the
-sweep's sweep.parquet and each point's summary.json.
+sweep's sweep.parquet.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -27,21 +26,13 @@ AGGREGATORS = {"mean": "mean", **{rule: rule for rule in RULES},
                **{f"{rule}_s2": f"{rule} s=2" for rule in RULES}}  # label -> column title
 
 
-def final_accuracy(run: Path) -> float | None:
-    """The run's final test accuracy (0 when it stopped with a non-finite model), None when not run."""
-    path = run / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary["final_test_accuracy"] if summary["status"] == "completed" else 0.0
-
-
 def grids(results: Path) -> dict:
     """{(data set, mode): {(attack, aggregator): final accuracy or None}}, in the order of SCENARIOS."""
     found = {SCENARIOS[file]: {} for file in SCENARIOS}
     for point in pq.read_table(results / "sweep.parquet").to_pylist():
+        completed = point["status"] == "completed"  # else it stopped on a non-finite model: 0
         found[SCENARIOS[point["scenario"]]][point["attack"], point["aggregator"]] = \
-            final_accuracy(Path(point["output_dir"]))
+            point["final_test_accuracy"] if completed else 0.0
     return {key: cells for key, cells in found.items() if cells}
 
 
