@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from conftest import small_scenario
 
 from raysim.algorithms import RowData
-from raysim.engine.evaluation import client_tests, pooled
+from raysim.engine.evaluation import PooledTests, client_tests
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.run_evaluation import evaluates_on_hosts
 from raysim.engine.run import run_scenario
@@ -57,9 +57,15 @@ def test_each_client_is_summed_over_its_own_rows_in_float64():
         # the same sum, up to the kernels' rounding of rows batched otherwise (here: per client)
         assert np.isclose(got.test_loss_sum[c], sum(per_row.tolist()), rtol=1e-6, atol=0)
         assert got.test_correct[c] == int((logits.argmax(1) == labels[lo:hi]).sum())
-    loss, accuracy = pooled([got])
+    loss, accuracy = _pooled(got)
     assert accuracy == got.test_correct.sum() / 24 and np.isclose(loss, got.test_loss_sum.sum() / 24, rtol=1e-12)
-    assert all(np.isnan(pooled([client_tests(model, params, RowData(features, labels, offsets[1:2]), [3])])))
+    assert all(np.isnan(_pooled(client_tests(model, params, RowData(features, labels, offsets[1:2]), np.array([3])))))
+
+
+def _pooled(tests) -> tuple[float, float]:
+    pooled = PooledTests(np.sort(tests.client_ids))
+    pooled.add(tests)
+    return pooled.result()
 
 
 def test_auto_tests_on_the_hosts_only_with_gpus_in_synchronous_rounds(tmp_path):

@@ -151,10 +151,11 @@ def test_global_evaluation_on_a_seeded_sample(tmp_path):
 
     model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
     tasks = make_tasks("evaluate", chosen, dataset.train_sizes(), 0, 3, 0)
-    evaluator = GlobalEvaluator(model, dataset, tasks, threads=1)
-    assert len(evaluator.labels) == 7 * 10  # 10 test rows per gaussian_mixture client
-    test = dataset.rows_of(chosen, "test")
-    assert np.array_equal(evaluator.labels.numpy(), test.labels)
+    rows = GlobalEvaluator(model, dataset, threads=1).rows(tasks)  # one copy of the tasks' test rows, a view per task
+    assert len(rows) == len(tasks) and all(r.labels is rows[0].labels for r in rows)
+    assert len(rows[0].labels) == 7 * 10  # 10 test rows per gaussian_mixture client
+    test = dataset.rows_of(np.concatenate([t.client_ids for t in tasks]), "test")
+    assert np.array_equal(rows[0].labels.numpy(), test.labels)
 
 
 def _peak_rss(tmp_path, clients: int) -> tuple[int, dict]:

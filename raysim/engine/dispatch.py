@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -32,11 +33,33 @@ def make_tasks(op: str, client_ids: np.ndarray, train_sizes: np.ndarray, counter
     The grouping depends only on the clients and the task ``size``, never on
     the number of hosts, so every client's computation is the same wherever it runs.
     """
+    return list(iter_tasks(op, client_ids, train_sizes, counter, size, version))
+
+
+def iter_tasks(op: str, client_ids: np.ndarray, train_sizes: np.ndarray, counter: int, size: int,
+               version: int) -> Iterator[Task]:
+    """The tasks of :func:`make_tasks`, one at a time: only the clients' order is held (8 bytes a client)."""
     client_ids = np.asarray(client_ids, dtype=np.int64)
     order = np.lexsort((client_ids, train_sizes[client_ids]))
     ids = client_ids[order]
-    groups = [tuple(int(c) for c in ids[i:i + size]) for i in range(0, len(ids), size)]
-    return [Task(op, g, (counter,) * len(g), (version,) * len(g)) for g in groups]
+    for i in range(0, len(ids), size):
+        group = tuple(int(c) for c in ids[i:i + size])
+        yield Task(op, group, (counter,) * len(group), (version,) * len(group))
+
+
+def task_chunks(tasks: Iterable[Task], client_rows: np.ndarray, max_rows: int) -> Iterator[list]:
+    """Consecutive ``tasks`` in lists whose clients hold at most ``max_rows`` rows together
+    (``client_rows``: rows per client id); a task that holds more alone is a list of its own."""
+    chunk, rows = [], 0
+    for task in tasks:
+        held = int(client_rows[list(task.client_ids)].sum())
+        if chunk and rows + held > max_rows:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(task)
+        rows += held
+    if chunk:
+        yield chunk
 
 
 def assign(tasks: list, train_sizes: np.ndarray, num_actors: int) -> list:

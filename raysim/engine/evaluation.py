@@ -3,6 +3,8 @@ hosts), the exact metrics of a quadratic problem, or the exact objective and cur
 
 from __future__ import annotations
 
+from typing import Iterable, Iterator
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -37,39 +39,58 @@ def client_tests(model, params: torch.Tensor, data, client_ids: np.ndarray, chun
                        np.bincount(owner, torch.cat(hits).numpy(), len(counts)).astype(np.int64), counts)
 
 
-def pooled(results: list) -> tuple[float, float]:
-    """(test loss, test accuracy) over every row of the clients in ``results`` (ClientTests), summed
-    in client-id order; NaN when no client has test rows."""
-    ids = np.concatenate([r.client_ids for r in results])
-    order = np.argsort(ids, kind="stable")
-    rows = int(sum(int(r.test_rows.sum()) for r in results))
-    if rows == 0:
-        return float("nan"), float("nan")
-    loss = np.concatenate([r.test_loss_sum for r in results])[order].sum()
-    correct = sum(int(r.test_correct.sum()) for r in results)
-    return float(loss) / rows, correct / rows
+class PooledTests:
+    """Test loss and accuracy pooled over every row of ``clients`` (their ids, sorted), from their
+    ClientTests added in any order: each client's float64 loss sum is kept (8 bytes a client) and
+    the sums are added in client-id order; right answers and rows are counted as integers."""
+
+    def __init__(self, clients: np.ndarray):
+        self.clients = clients
+        self.loss_sums = np.zeros(len(clients))
+        self.correct = self.rows = 0
+
+    def add(self, tests: ClientTests) -> None:
+        """Count the clients of ``tests``."""
+        self.loss_sums[np.searchsorted(self.clients, tests.client_ids)] = tests.test_loss_sum
+        self.correct += int(tests.test_correct.sum())
+        self.rows += int(tests.test_rows.sum())
+
+    def result(self) -> tuple[float, float]:
+        """(test loss, test accuracy); NaN when no client has test rows."""
+        if self.rows == 0:
+            return float("nan"), float("nan")
+        return float(self.loss_sums.sum()) / self.rows, self.correct / self.rows
 
 
 class GlobalEvaluator:
-    """Sample-weighted test loss and accuracy of the global model over the test rows of the
-    evaluated clients (every client, or the seeded sample of ``eval.clients``), on the driver:
-    the ``tasks`` (of ``op`` 'evaluate') that the ClientActors would run with ``eval.where:
-    actors``, one after another, with the same bits."""
+    """The global model over the evaluated clients' test rows on the driver: the tasks (of ``op``
+    'evaluate') that the ClientActors would run with ``eval.where: actors``, one after another,
+    with the same bits. Tasks come in chunks (:func:`raysim.engine.dispatch.task_chunks`): a
+    chunk's test rows are built (or copied from the table), tested and dropped before the next
+    chunk's, so one chunk is held whatever the population."""
 
-    def __init__(self, model, dataset, tasks: list, threads: int):
-        clients = np.sort(np.concatenate([np.asarray(t.client_ids, dtype=np.int64) for t in tasks]))
-        rows = dataset.rows_of(clients, "test", keep=False)  # this copy is the evaluator's own
-        self.features = torch.from_numpy(rows.features).reshape(-1, *dataset.feature_shape)
-        self.labels = torch.from_numpy(rows.labels)
-        self.data = [RowData(self.features, self.labels, rows.offsets[np.searchsorted(clients, t.client_ids)])
-                     for t in tasks]
-        self.model, self.tasks, self.threads = model, tasks, threads
+    def __init__(self, model, dataset, threads: int):
+        self.model, self.dataset, self.threads = model, dataset, threads
 
-    def __call__(self, params: torch.Tensor) -> tuple[float, float]:
-        """(test loss, test accuracy); NaN when no client has test rows."""
-        with torch_threads(self.threads):
-            return pooled([client_tests(self.model, params, data, task.client_ids)
-                           for task, data in zip(self.tasks, self.data)])
+    def rows(self, tasks: list) -> list:
+        """The test rows of the clients of ``tasks``, one RowData per task, in a copy of their own
+        (rows built on demand are not cached: the cache keeps the clients that train)."""
+        ids = np.concatenate([np.asarray(t.client_ids, dtype=np.int64) for t in tasks])
+        rows = self.dataset.rows_of(ids, "test", keep=False)
+        features = torch.from_numpy(rows.features).reshape(-1, *self.dataset.feature_shape)
+        labels = torch.from_numpy(rows.labels)
+        ends = np.cumsum([len(t.client_ids) for t in tasks])[:-1]
+        return [RowData(features, labels, offsets) for offsets in np.split(rows.offsets, ends)]
+
+    def tests(self, params: torch.Tensor, chunks: Iterable[list]) -> Iterator[list]:
+        """The ClientTests of each task of each chunk of ``chunks`` at the global model ``params``,
+        a list per chunk."""
+        for tasks in chunks:
+            data = self.rows(tasks)
+            with torch_threads(self.threads):
+                tested = [client_tests(self.model, params, rows, task.client_ids) for task, rows in zip(tasks, data)]
+            del data  # before the next chunk's rows are built
+            yield tested
 
 
 class QuadraticEvaluator:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Iterable, Iterator
 
 import numpy as np
 
-from raysim.engine.dispatch import make_tasks, run_tasks
-from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, QuadraticEvaluator, pooled
+from raysim.engine.dispatch import iter_tasks, run_tasks, task_chunks
+from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, PooledTests, QuadraticEvaluator
 from raysim.streams import Purpose, stream
 
+SHOWN_AFTER = 2.0  # seconds: an evaluation that lasts longer shows its own progress bar (on a terminal)
 EVAL_COLUMNS = ("test_loss", "test_accuracy", "personalized_accuracy", "personalized_accuracy_mean",
                 "personalized_accuracy_ci95")
 
@@ -46,7 +48,10 @@ class Evaluation:
         self.run, self.cfg = run, cfg
         self.clients = evaluated_clients(cfg, dataset.num_clients)
         self.on_driver = None if problem is not None or evaluates_on_hosts(cfg) else GlobalEvaluator(
-            run.model, dataset, self.tasks(0), cfg.runtime.torch_threads)  # else: the hosts test
+            run.model, dataset, cfg.runtime.torch_threads)  # else: the hosts test
+        if problem is None:  # a chunk of tasks holds the rows of data.cache_mb (per host on the hosts)
+            self.client_rows = dataset.train_sizes() + dataset.test_sizes()
+            self.chunk_rows = int(cfg.data.cache_mb * 2 ** 20) // (4 * dataset.num_features + 8)
         self.quadratic = None if problem is None else QuadraticEvaluator(problem, algorithm.personalised, initial)
         self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
             run.model, dataset, cfg.system.unreliable.weights == "uniform",
@@ -71,40 +76,65 @@ class Evaluation:
         row["eval_seconds"] = time.perf_counter() - began
         return row
 
-    def tasks(self, version: int) -> list:
-        """The evaluated clients grouped into tasks (of ``op`` 'evaluate', from model ``version``)."""
-        return make_tasks("evaluate", self.clients, self.run.train_sizes, 0, self.run.task_size, version)
+    def chunks(self, op: str, hosts: int = 1) -> Iterator[list]:
+        """The evaluated clients grouped into tasks (of ``op`` 'evaluate' or 'personalize', from the
+        current model version), a chunk of tasks at a time: tasks whose clients' rows (train and
+        test, what building them on demand takes) fit ``data.cache_mb``, per host for ``hosts``."""
+        run = self.run
+        tasks = iter_tasks(op, self.clients, run.train_sizes, 0, run.task_size, run.version)
+        return task_chunks(tasks, self.client_rows, hosts * self.chunk_rows)
+
+    def _shown(self, results: Iterable[list], what: str) -> Iterator[list]:
+        """``results`` (a list of ClientTests per chunk), with a progress bar over the evaluated
+        clients on a terminal once ``what`` lasts :data:`SHOWN_AFTER` seconds."""
+        from tqdm import tqdm
+
+        with tqdm(total=len(self.clients), desc=what, unit="client", delay=SHOWN_AFTER, leave=False,
+                  disable=None, dynamic_ncols=True) as bar:
+            for tests in results:
+                yield tests
+                bar.update(sum(len(t.client_ids) for t in tests))
 
     def _test(self, params) -> tuple[float, float]:
         """(test loss, test accuracy) of the global model ``params``: on the driver, or as
         'evaluate' tasks on the client hosts, which give the same bits on the same kind of device."""
-        if self.on_driver is not None:
-            return self.on_driver(params)
         run = self.run
-        handle = {run.version: run.runtime.broadcast({"params": params})}
-        return pooled(run_tasks(run.runtime, handle, self.tasks(run.version), run.train_sizes))
+        if self.on_driver is not None:
+            results = self.on_driver.tests(params, self.chunks("evaluate"))
+        else:
+            handle = {run.version: run.runtime.broadcast({"params": params})}
+            results = (run_tasks(run.runtime, handle, chunk, run.train_sizes)
+                       for chunk in self.chunks("evaluate", run.runtime.num_actors))
+        pooled = PooledTests(self.clients)
+        for tests in self._shown(results, "evaluating"):
+            for client_tests in tests:
+                pooled.add(client_tests)
+        return pooled.result()
 
     def _personalized(self) -> dict:
         """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``) and
         tests on its own rows: pooled over test rows, and the mean over clients (those with test
-        rows) with its 95% confidence half-width (Student's t)."""
+        rows) with its 95% confidence half-width (Student's t). Each tested client's accuracy is
+        kept (8 bytes a client), in task order."""
         ev, run = self.cfg.eval, self.run
         if ev.personalized_steps == 0 and ev.personalized_epochs == 0:
             return {}
-        tasks = run.with_states(make_tasks("personalize", self.clients, run.train_sizes, 0, run.task_size,
-                                           run.version))
-        results = run_tasks(run.runtime, run.payload_handle(), tasks, run.train_sizes)
-        correct = np.concatenate([p.test_correct for p in results])
-        rows = np.concatenate([p.test_rows for p in results])
-        tested = rows > 0
-        if not tested.any():
+        accuracy, tested, correct, rows = np.empty(len(self.clients)), 0, 0, 0
+        results = (run_tasks(run.runtime, run.payload_handle(), run.with_states(chunk), run.train_sizes)
+                   for chunk in self.chunks("personalize", run.runtime.num_actors))
+        for tests in self._shown(results, "personalizing"):
+            for p in tests:
+                has_rows = p.test_rows > 0
+                accuracy[tested:tested + int(has_rows.sum())] = p.test_correct[has_rows] / p.test_rows[has_rows]
+                tested += int(has_rows.sum())
+                correct, rows = correct + int(p.test_correct.sum()), rows + int(p.test_rows.sum())
+        if tested == 0:
             return {}
         from scipy import stats  # only runs with personalized evaluation pay for its import
 
-        accuracy = correct[tested] / rows[tested]
-        n = len(accuracy)
-        ci = (stats.t.ppf(0.975, n - 1) * accuracy.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        return {"personalized_accuracy": float(correct.sum() / rows.sum()),  # plain floats: a checkpoint
+        accuracy = accuracy[:tested]
+        ci = (stats.t.ppf(0.975, tested - 1) * accuracy.std(ddof=1) / math.sqrt(tested)) if tested > 1 else math.nan
+        return {"personalized_accuracy": correct / rows,  # plain floats: a checkpoint
                 "personalized_accuracy_mean": float(accuracy.mean()),  # holds them (torch.load, weights only)
                 "personalized_accuracy_ci95": float(ci)}
 
