@@ -6,7 +6,7 @@ The estimate aims at the peak within a factor of about 2. Its parts:
 
 - data set: the federated table (or the quadratic problem's statistics), times what building it
   holds at once (:data:`BUILD_FACTOR`), plus the copy in Ray's object store; built on demand, the
-  table of client sizes, each process's cache of built rows and the evaluated clients' test rows;
+  table of client sizes, each process's cache of built rows and the chunk of clients evaluation holds;
   for the quadratic, a client's raw draws in every process that reduces them to statistics;
 - model: the parameters (counted from the model keys and the data's shape, without building the
   module) in every client host, and the server's float64 vectors (parameters, aggregate, optimizer);
@@ -106,13 +106,14 @@ def estimate(cfg) -> Footprint:
     itemsize = 8 if m.kind == "quadratic" else 4
     ray = cfg.runtime.backend == "ray"
 
-    if builds_on_demand(d):  # the sizes table, each process's cache, and the evaluated clients' test rows
+    if builds_on_demand(d):  # the sizes table, each process's cache, and evaluation's chunk of clients
         table = table_bytes(d)
         evaluated = min(clients, cfg.eval.clients or clients) / clients
         test_share = (10 * clients / rows if d.kind == "gaussian_mixture" else 0.0 if d.kind == "quadratic"
                       else d.test_fraction)
-        data = (clients * SIZE_BYTES * (1 + ray) + min(table, d.cache_mb * 2 ** 20) * (actors + 1)
-                + table * evaluated * test_share)
+        # evaluation streams: the test rows of a chunk of the evaluated clients, those whose rows fit the cache
+        chunk = min(table * evaluated, d.cache_mb * 2 ** 20) * test_share
+        data = clients * SIZE_BYTES * (1 + ray) + min(table, d.cache_mb * 2 ** 20) * (actors + 1) + chunk
     elif d.kind == "leaf":  # the parsed JSON dominates; its bytes stand in for the object store's copy too
         data = _leaf_bytes(d.path) * (JSON_PARSE_FACTOR + ray)
     else:

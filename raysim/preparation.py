@@ -65,8 +65,9 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     dataset = build_dataset(cfg.data, cfg.seed)
     check_data_set(cfg, dataset)
     if isinstance(dataset, GeneratedDataset) and cfg.eval.clients is None and dataset.num_clients > LARGE_EVALUATION:
-        print(f"note: evaluation builds the test rows of all {dataset.num_clients:,} clients (their data is built "
-              "on demand); set eval.clients to evaluate a seeded sample of them", file=sys.stderr)
+        print(f"note: each evaluation builds the rows of all {dataset.num_clients:,} clients again (their data is "
+              "built on demand), a chunk at a time; set eval.clients to evaluate a seeded sample of them",
+              file=sys.stderr)
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
     output = OutputDir.open(cfg.output.dir, create=create_output)
     if create_output:

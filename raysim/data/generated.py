@@ -25,6 +25,7 @@ from raysim.data.saddle import SaddleLaw
 from raysim.streams import STREAMS_AT_ONCE
 
 CACHE_MB = 128  # data.cache_mb's default: built rows a host keeps, per process
+BUILT_AT_ONCE = 256  # clients whose rows (train and test) rows_of holds at once while it copies a split
 ON_DEMAND_ABOVE = 1 << 30  # data.on_demand: auto builds rows on demand when the whole table would exceed this
 
 
@@ -116,8 +117,10 @@ class GeneratedDataset:
         packed = packed_offsets(local, lo, hi)
         total = int(packed[-1, 2]) if len(ids) else 0
         features, labels = np.empty((total, self.num_features), np.float32), np.empty(total, np.int64)
-        for (x, y), a, b, (start, _, end) in zip(self.clients(ids, keep), lo, hi, packed):
-            features[start:end], labels[start:end] = x[a:b], y[a:b]
+        for first in range(0, len(ids), BUILT_AT_ONCE):  # only the split asked for is kept of each client
+            part = slice(first, first + BUILT_AT_ONCE)
+            for (x, y), a, b, (start, _, end) in zip(self.clients(ids[part], keep), lo[part], hi[part], packed[part]):
+                features[start:end], labels[start:end] = x[a:b], y[a:b]
         return ClientRows(features, labels, packed)
 
     def materialize(self) -> FederatedDataset:
