@@ -76,7 +76,7 @@ class Evaluation:
         row["eval_seconds"] = time.perf_counter() - began
         return row
 
-    def chunks(self, op: str, hosts: int = 1) -> Iterator[list]:
+    def _chunks(self, op: str, hosts: int = 1) -> Iterator[list]:
         """The evaluated clients grouped into tasks (of ``op`` 'evaluate' or 'personalize', from the
         current model version), a chunk of tasks at a time: tasks whose clients' rows (train and
         test, what building them on demand takes) fit ``data.cache_mb``, per host for ``hosts``."""
@@ -100,11 +100,11 @@ class Evaluation:
         'evaluate' tasks on the client hosts, which give the same bits on the same kind of device."""
         run = self.run
         if self.on_driver is not None:
-            results = self.on_driver.tests(params, self.chunks("evaluate"))
+            results = self.on_driver.tests(params, self._chunks("evaluate"))
         else:
             handle = {run.version: run.runtime.broadcast({"params": params})}
             results = (run_tasks(run.runtime, handle, chunk, run.train_sizes)
-                       for chunk in self.chunks("evaluate", run.runtime.num_actors))
+                       for chunk in self._chunks("evaluate", run.runtime.num_actors))
         pooled = PooledTests(self.clients)
         for tests in self._shown(results, "evaluating"):
             for client_tests in tests:
@@ -121,13 +121,13 @@ class Evaluation:
             return {}
         accuracy, tested, correct, rows = np.empty(len(self.clients)), 0, 0, 0
         results = (run_tasks(run.runtime, run.payload_handle(), run.with_states(chunk), run.train_sizes)
-                   for chunk in self.chunks("personalize", run.runtime.num_actors))
+                   for chunk in self._chunks("personalize", run.runtime.num_actors))
         for tests in self._shown(results, "personalizing"):
             for p in tests:
                 has_rows = p.test_rows > 0
-                accuracy[tested:tested + int(has_rows.sum())] = p.test_correct[has_rows] / p.test_rows[has_rows]
-                tested += int(has_rows.sum())
-                correct, rows = correct + int(p.test_correct.sum()), rows + int(p.test_rows.sum())
+                n = int(has_rows.sum())
+                accuracy[tested:tested + n] = p.test_correct[has_rows] / p.test_rows[has_rows]
+                tested, correct, rows = tested + n, correct + int(p.test_correct.sum()), rows + int(p.test_rows.sum())
         if tested == 0:
             return {}
         from scipy import stats  # only runs with personalized evaluation pay for its import
