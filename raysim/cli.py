@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from raysim.errors import RunError, ScenarioError
+from raysim.errors import SHOWN_LINE, RunError, ScenarioError, shortened
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -390,6 +390,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _print_error(exc: Exception) -> None:
+    """``error: <message>`` on stderr, each line of the message shortened to SHOWN_LINE characters."""
+    print("error: " + "\n".join(shortened(line, SHOWN_LINE) for line in str(exc).splitlines()), file=sys.stderr)
+
+
 def main(argv=None) -> int:
     from contextlib import nullcontext
 
@@ -407,10 +412,10 @@ def main(argv=None) -> int:
         with guarded() if args.command in ("run", "resume") else nullcontext():  # no process outlives the run
             return args.func(args)
     except ScenarioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(exc)
         return EXIT_BAD_INPUT
     except RunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(exc)
         return EXIT_RUN_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated); a run's own line once it has started
         how = "terminated" if terminated() else "interrupted"
