@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from raysim.errors import RunError, ScenarioError
+from raysim.errors import SHOWN_LINE, RunError, ScenarioError, shortened
 
 EXIT_BAD_INPUT, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -152,7 +152,7 @@ def cmd_validate(args) -> int:
     from raysim.sweep import plan_sweep, read_scenario
 
     if read_scenario(args.scenario)[1]:  # a sweep file: every point validates (plan_sweep checks each)
-        sweep = plan_sweep(args.scenario, overrides=args.overrides)
+        sweep = plan_sweep(args.scenario, overrides=args.overrides, progress=True)
         print(f"ok: {args.scenario}: a sweep of {len(sweep.points)} runs over {', '.join(sweep.grid)} into {sweep.out}")
         return 0
     cfg = load_scenario(args.scenario, args.overrides)
@@ -229,7 +229,8 @@ def cmd_submit(args) -> int:
     from raysim.sweep import plan_sweep, read_scenario
 
     if read_scenario(args.scenario)[1]:  # a sweep: section: the job runs `raysim sweep FILE`
-        command, cfgs = "sweep", [p.cfg for p in plan_sweep(args.scenario, overrides=args.overrides).points]
+        command, cfgs = "sweep", [p.cfg for p in plan_sweep(args.scenario, overrides=args.overrides,
+                                                            progress=True).points]
     else:
         command, cfgs = "run", [load_scenario(args.scenario, args.overrides)]  # bad input fails before submitting
     from actors.jobs import in_repository, local_modules, submit
@@ -243,7 +244,7 @@ def cmd_sweep(args) -> int:
     from raysim.sweep import plan_sweep, run_sweep
 
     sweep = plan_sweep(args.scenario, args.grid, args.overrides, repeat=args.repeat, out=args.out,
-                       parallel=args.parallel, plots=args.plot)
+                       parallel=args.parallel, plots=args.plot, progress=not args.quiet)
     return run_sweep(sweep, in_process=args.in_process, quiet=args.quiet)
 
 
@@ -390,6 +391,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _print_error(exc: Exception) -> None:
+    """``error: <message>`` on stderr, each line of the message shortened to SHOWN_LINE characters."""
+    print("error: " + "\n".join(shortened(line, SHOWN_LINE) for line in str(exc).splitlines()), file=sys.stderr)
+
+
 def main(argv=None) -> int:
     from contextlib import nullcontext
 
@@ -407,10 +413,10 @@ def main(argv=None) -> int:
         with guarded() if args.command in ("run", "resume") else nullcontext():  # no process outlives the run
             return args.func(args)
     except ScenarioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(exc)
         return EXIT_BAD_INPUT
     except RunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(exc)
         return EXIT_RUN_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated); a run's own line once it has started
         how = "terminated" if terminated() else "interrupted"

@@ -3,6 +3,8 @@
 import re
 
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes, as torch and Ray put in their messages
+SHOWN_VALUE = 300  # characters of a bad value an error line shows
+SHOWN_LINE = 2000  # characters of one line of an error message the command prints
 
 
 def first_line(exc: BaseException) -> str:
@@ -13,6 +15,17 @@ def first_line(exc: BaseException) -> str:
 def last_line(exc: BaseException) -> str:
     """The last line of ``exc``'s message without terminal colours (its type's name if it has none)."""
     return _lines(exc)[-1]
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters with an ellipsis and its length when it is longer:
+    a bad value of megabytes still makes an error line one can read."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def raised(exc: BaseException) -> str:
+    """What ``exc`` is, in one line: its type and the first line of its message, e.g. ``ValueError: no rows``."""
+    return type(exc).__name__ + (f": {first_line(exc)}" if str(exc).strip() else "")
 
 
 def _lines(exc: BaseException) -> list:
@@ -28,7 +41,7 @@ class ScenarioError(ValueError):
 
     def __init__(self, key: str, value, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key} = {value!r}: expected {allowed}")
+        super().__init__(f"{key} = {shortened(repr(value), SHOWN_VALUE)}: expected {allowed}")
 
     def __reduce__(self):  # pickled as its parts (as Ray sends it), not as the message
         return type(self), (self.key, self.value, self.allowed)

@@ -1,6 +1,6 @@
 """Objects a scenario names as ``package.module:name`` (a custom data kind, model, algorithm or
 aggregator): imported, and checked to take the arguments raysim passes, with one error line that
-blames the scenario key.
+blames the scenario key; what the user's code raises (or a ``sys.exit`` in it) is that line too.
 
 Ground floor: imports nothing of raysim but :mod:`raysim.errors`, and nothing heavy itself (the
 user's module imports what it needs).
@@ -13,8 +13,11 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 
-from raysim.errors import ScenarioError
+from raysim.errors import ScenarioError, raised
+
+USER_CODE_ERRORS = (Exception, SystemExit)  # what a user's module may raise while imported or called
 
 
 def import_object(path: str, target: str, what: str):
@@ -27,8 +30,9 @@ def import_object(path: str, target: str, what: str):
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may fail in any way while importing
-        raise ScenarioError(path, target, f"an importable module ({type(exc).__name__}: {exc})") from None
+    except USER_CODE_ERRORS as exc:  # the user's module may fail in any way while importing, or exit
+        happened = f"it calls sys.exit({exc.code!r}) when imported" if isinstance(exc, SystemExit) else raised(exc)
+        raise ScenarioError(path, target, f"an importable module ({happened})") from None
     try:
         return functools.reduce(getattr, attr.split("."), module)
     except AttributeError:
@@ -48,6 +52,20 @@ def import_callable(path: str, target: str, what: str, allowed: str, *args, **kw
 
 def call_imported(path: str, target: str, what: str, *args, **kwargs):
     """``import_object(path, target, what)(*args, **kwargs)``; ``path`` is blamed when the object
-    cannot take those arguments (errors raised inside it are the user's and go through)."""
+    cannot take those arguments, and when it raises (the line says what it raised, and where)."""
     taking = ", ".join([f"{len(args)} positional arguments"] * bool(args) + [f"{k}=" for k in kwargs])
-    return import_callable(path, target, what, f"{what}, called with {taking}", *args, **kwargs)(*args, **kwargs)
+    function = import_callable(path, target, what, f"{what}, called with {taking}", *args, **kwargs)
+    try:
+        return function(*args, **kwargs)
+    except USER_CODE_ERRORS as exc:
+        raise ScenarioError(path, target, f"{what} ({raised_in(exc)})") from None
+
+
+def raised_in(exc: BaseException) -> str:
+    """'it raised ValueError: no rows, at my_data.py:12' (or 'it called sys.exit(1), at …'): what a
+    user's function raised, and the line of the innermost frame it came from (the user's code, or
+    what that code called)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f", at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    happened = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {raised(exc)}"
+    return f"it {happened}{where}"

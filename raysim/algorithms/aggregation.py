@@ -10,13 +10,15 @@ previous centre it starts from (before the weights' total scales it).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from raysim.algorithms import aggregation_rules
 from raysim.algorithms.aggregator_catalog import RULES
-from raysim.importing import import_object
+from raysim.errors import RunError
+from raysim.importing import USER_CODE_ERRORS, import_object, raised_in
 from raysim.robust_f import capped_f, default_f
 from raysim.streams import Purpose, stream
 
@@ -36,8 +38,8 @@ class ServerAggregator:
         declared = RULES.get(self.name)
         self.takes_f = declared is not None and declared.takes_f
         if declared is None:
-            self.rule, self.params = import_object("algorithm.aggregator", self.name, "an aggregator"), \
-                dict(cfg.aggregator_options)
+            self.rule = CheckedRule(self.name, import_object("algorithm.aggregator", self.name, "an aggregator"))
+            self.params = dict(cfg.aggregator_options)
         else:  # the rule's keyword arguments from its keys (AggregatorKeys; their defaults live there)
             self.rule = import_object("algorithm.aggregator", declared.function, "an aggregator")
             self.params = {arg: getattr(cfg, name) for arg, name in declared.params.items()}
@@ -78,3 +80,25 @@ class ServerAggregator:
             new_state["previous"] = aggregate.detach().clone()
             aggregate = aggregate * math.fsum(weights.tolist())
         return aggregate.double(), new_state
+
+
+@dataclass(frozen=True)
+class CheckedRule:
+    """A custom aggregator (``algorithm.aggregator: package.module:function``) as the server step
+    calls it: what it raises, or a result other than one aggregate of the inputs' length, ends the
+    run with one line that names it (:class:`~raysim.errors.RunError`: the metrics so far stay)."""
+
+    name: str
+    rule: object
+
+    def __call__(self, vectors: torch.Tensor, weights, **params) -> torch.Tensor:
+        expected = (f"algorithm.aggregator = {self.name!r}: expected a function returning the aggregate of "
+                    f"{len(vectors)} inputs, a tensor of shape [{vectors.shape[1]}]")
+        try:
+            aggregate = self.rule(vectors, weights, **params)
+        except USER_CODE_ERRORS as exc:
+            raise RunError(f"{expected} ({raised_in(exc)})") from None
+        if not isinstance(aggregate, torch.Tensor) or tuple(aggregate.shape) != (vectors.shape[1],):
+            got = list(aggregate.shape) if isinstance(aggregate, torch.Tensor) else type(aggregate).__name__
+            raise RunError(f"{expected} (it returned {got})")
+        return aggregate

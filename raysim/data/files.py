@@ -15,6 +15,9 @@ from raysim.data.parquet import SPLIT_COLUMN, has_split_column
 from raysim.data.partition import partition
 from raysim.errors import ScenarioError
 
+_CHUNK = 2 ** 20  # bytes read at a time from a file whose size a header declares
+
+
 def own_split(kind: str, path) -> str | None:
     """What in the files at ``path`` fixes the train/test split of a ``kind`` data set (so that
     data.test_fraction has nothing to do), or None."""
@@ -39,17 +42,27 @@ def find_file(directory: str, names: list[str], what: str) -> str:
 
 def read_bytes(path: str, size: int = -1) -> bytes:
     """The bytes of ``path`` (only its first ``size`` when >= 0), decompressed when its name ends in
-    ``.gz`` (only as far as ``size`` needs)."""
-    gz = path.endswith(".gz")
+    ``.gz`` (only as far as ``size`` needs). Read in chunks: the memory taken grows with what the
+    file holds, never past ``size``, whatever ``size`` a header declares."""
     try:
         with open(path, "rb") as f:
-            if gz and size >= 0:
-                with gzip.GzipFile(fileobj=f) as head:
-                    return _gunzipped(lambda: head.read(size), path)
-            data = f.read(size)
+            if not path.endswith(".gz"):
+                return _read_at_most(f, size)
+            with gzip.GzipFile(fileobj=f) as unzipped:
+                return _gunzipped(lambda: _read_at_most(unzipped, size), path)
     except OSError as exc:
         raise ScenarioError("data.path", path, f"a readable file ({exc.strerror})") from None
-    return _gunzipped(lambda: gzip.decompress(data), path) if gz else data
+
+
+def _read_at_most(f, size: int) -> bytes:
+    """The first ``size`` bytes of the file object ``f`` (all of them when ``size`` < 0), fewer if it ends first."""
+    if size < 0:
+        return f.read()
+    chunks = []
+    while size > 0 and (chunk := f.read(min(size, _CHUNK))):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def _gunzipped(decompress, path: str) -> bytes:

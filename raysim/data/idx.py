@@ -18,13 +18,16 @@ _UNSIGNED_BYTE = 0x08  # the IDX type code of unsigned bytes
 
 def read_idx(path: str, dims: int) -> np.ndarray:
     """The unsigned-byte array of the IDX file ``path`` (gzipped when its name ends in ``.gz``),
-    which must have ``dims`` dimensions and exactly the bytes its header announces."""
-    data = read_bytes(path)
-    shape = _header(data, dims, path)
+    which must have ``dims`` dimensions and exactly the bytes its header announces. The header is
+    read first, and then never more than it announces (and one byte, to tell a longer file): a
+    small gzip file holding gigabytes behind a header of a few images is refused, not decompressed."""
+    shape = idx_shape(path, dims)
     size, header = math.prod(shape), 4 + 4 * dims
+    data = read_bytes(path, header + size + 1)
     if len(data) - header != size:
+        found = "more" if len(data) - header > size else len(data) - header
         raise ScenarioError("data.path", path, f"{size} bytes of data after the header, as its sizes "
-                                               f"{list(shape)} say (the file has {len(data) - header})")
+                                               f"{list(shape)} say (the file has {found})")
     return np.frombuffer(data, np.uint8, size, header).reshape(shape)
 
 

@@ -62,6 +62,9 @@ def read_leaf_file(path: str) -> dict[str, tuple[list, list]]:
             content = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"{what} ({' '.join(str(exc).split())})") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's JSON reader goes
+        raise _bad(path, f"{what} (arrays and objects nested less deeply: they nest deeper than Python's JSON "
+                         "reader follows)") from None
     if not isinstance(content, dict) or not {"users", "user_data"} <= content.keys():
         found = sorted(content) if isinstance(content, dict) else type(content).__name__
         raise _bad(path, f"{what} (found {found})")
@@ -99,8 +102,11 @@ def task_of(x, path: str, user: str) -> str:
 
 
 def _integers(y: list, path: str, user: str) -> np.ndarray:
-    labels = np.asarray(y)
-    if len(y) and (labels.dtype.kind not in "iu" or labels.ndim != 1):
+    try:
+        labels = np.asarray(y)
+    except (TypeError, ValueError):  # lists of unequal lengths, or nested past numpy's dimensions
+        labels = None
+    if labels is None or len(y) and (labels.dtype.kind not in "iu" or labels.ndim != 1):
         raise _bad(path, f"one integer label per row (user {user!r} has {_short(y)})")
     return labels.astype(np.int64)
 

@@ -188,6 +188,9 @@ def _open(path, label_column: str, client_column: str, feature_columns) -> tuple
     for key, column in (("data.label_column", label_column), ("data.client_column", client_column)):
         if column not in names:
             raise ScenarioError(key, column, "one of the columns in the file: " + ", ".join(names))
+    if label_column == client_column:
+        raise ScenarioError("data.label_column", label_column, f"a column other than data.client_column "
+                                                               f"({client_column!r}, which names each row's client)")
     if feature_columns is None:
         return dataset, [c for c in names if c not in (label_column, client_column, SPLIT_COLUMN)]
     missing = [c for c in feature_columns if c not in names]

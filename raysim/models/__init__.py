@@ -13,7 +13,7 @@ from torch import nn
 
 from raysim.catalog import MODELS, check_model_data
 from raysim.errors import ScenarioError
-from raysim.importing import call_imported
+from raysim.importing import USER_CODE_ERRORS, call_imported, raised_in
 from raysim.models.bilinear import Bilinear
 from raysim.models.flat import FlatModel
 from raysim.models.split import add_adapters, personal_mask
@@ -96,10 +96,10 @@ def _custom(cfg, feature_shape: tuple, num_classes: int) -> nn.Module:
     try:
         with torch.no_grad():
             out = module(torch.zeros(1, *feature_shape))
-    except Exception as exc:  # the user's forward may fail in any way
+    except USER_CODE_ERRORS as exc:  # the user's forward may fail in any way
         raise ScenarioError("model.kind", cfg.kind, f"{what} that takes a batch of features of shape "
                                                     f"[batch, {', '.join(map(str, feature_shape))}] "
-                                                    f"({type(exc).__name__}: {exc})") from None
+                                                    f"({raised_in(exc)})") from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ScenarioError("model.kind", cfg.kind, f"{what} whose output is [batch, {num_classes}] for the "

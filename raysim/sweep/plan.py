@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -38,6 +39,7 @@ from raysim.sweep.results import METRICS, value_text
 
 SECTION_KEYS = ("scenario", "grid", "repeat", "out", "parallel", "plots")
 SCENARIO = "scenario"  # the grid key whose values are scenario files
+PROGRESS_FROM = 50  # sweeps of this many points or more show a bar while they validate
 MAX_NAME = 200  # longer point names are cut and made unique with a hash (a file name holds 255 bytes)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+\-\[\]]")
 
@@ -98,6 +100,9 @@ def parse_value(text: str, key: str):
         return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]))["v"]
     except OmegaConfBaseException as exc:
         raise ScenarioError(f"grid key {key}", text, f"a YAML value ({first_line(exc)})") from None
+    except yaml.YAMLError as exc:  # as a key=value override's (raysim.scenario.load): the parser's problem
+        problem = getattr(exc, "problem", None) or first_line(exc)
+        raise ScenarioError(f"grid key {key}", text, f"a YAML value ({problem})") from None
 
 
 def parse_grid_options(options) -> dict:
@@ -173,11 +178,12 @@ def _integer(name: str, value, default: int) -> int:
 
 
 def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None = None, out: str | None = None,
-               parallel: int | None = None, plots=None) -> Sweep:
+               parallel: int | None = None, plots=None, progress: bool = False) -> Sweep:
     """The sweep of ``scenario`` with ``--grid`` options merged over its ``sweep:`` section (a
     command-line key replaces that key's values in every grid, or joins the grids without it; a
     labelled axis's key selects its points with those labels; ``repeat``, ``out``, ``parallel`` and
-    ``plots``, when given, replace the section's), every point validated. Raises
+    ``plots``, when given, replace the section's), every point validated (with ``progress``, a bar on
+    stderr while a sweep of :data:`PROGRESS_FROM` points or more validates). Raises
     :class:`ScenarioError` (one line, naming the grid key and value) for bad input."""
     source, section = read_scenario(scenario)
     grids = section.get("grid") or {}
@@ -211,10 +217,12 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
     names = _unique(names)
     base = Path(scenario).parent
     points, first = [], {}
-    for r in range(repeat):
-        for combo, name in zip(combos, names):
-            points.append(_point(source, base, section.get("scenario"), combo, f"{name},repeat={r}", r, overrides,
-                                 first))
+    with _validating(repeat * len(combos), progress) as bar:
+        for r in range(repeat):
+            for combo, name in zip(combos, names):
+                points.append(_point(source, base, section.get("scenario"), combo, f"{name},repeat={r}", r,
+                                     overrides, first))
+                bar.update()
     _check_read_apart(axes, combos, points[:len(combos)])
     out = out if out is not None else section.get("out")
     default = points[0].cfg.name if isinstance(source, str) or source else Path(scenario).stem
@@ -224,6 +232,15 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
         point.overrides.append(f"output.dir={value_text(str(point.dir))}")
         point.cfg.output.dir = str(point.dir)
     return Sweep(scenario, axes, repeat, out, parallel, plots, points)
+
+
+def _validating(points: int, progress: bool):
+    """A tqdm bar over the validation of ``points`` points on stderr, shown only with ``progress`` and
+    for :data:`PROGRESS_FROM` points or more (each takes tens of milliseconds); gone once they are."""
+    from tqdm import tqdm
+
+    return tqdm(total=points, desc="validating sweep points", unit="point", leave=False, dynamic_ncols=True,
+                mininterval=1, disable=not progress or points < PROGRESS_FROM)
 
 
 def _axes(grid: dict) -> dict:
