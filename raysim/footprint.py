@@ -13,7 +13,11 @@ The estimate aims at the peak within a factor of about 2. Its parts:
 - client state: per client bookkeeping, and the vector a stateful algorithm keeps per visited client;
 - training: the clients in flight (a round's clients, or the async concurrency), each with a few
   parameter-sized vectors and the activations of one minibatch in its host, and, under Ray, the
-  model version it started from and its update in the driver, each also serialized in Ray's store.
+  model version it started from and its update in the driver, each also serialized in Ray's store;
+- client hosts: each ClientActor process an embedded Ray starts (Python, torch and Ray's worker);
+- step plan: the minibatch plan each host builds for a task before it trains (every step's rows of
+  every client in the task), which grows with the local steps or epochs, E_k's law and the
+  personalization steps.
 
 On a cluster (``runtime.address`` set) only the driver's parts (data set, model) are checked
 against this machine; client state and training live on the cluster's nodes.
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from raysim.catalog import ALGORITHMS, algorithm_class, algorithm_keys, parameter_count
-from raysim.scenario.schema import Scenario, actors_that_fit
+from raysim.scenario.schema import Scenario, actors_that_fit, clients_per_task
 from raysim.data.build import builds_on_demand
 from raysim.data._checks import QUADRATIC_THREADS
 from raysim.data.kinds import DATA_FILES
@@ -56,7 +60,13 @@ CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update,
 # peak PSS grew by 207 KiB per client in flight from 1,000 to 10,000 in flight, 11.7 vectors of its 4,554
 # float32 parameters; CLIENT_VECTORS + DRIVER_VECTORS = 12
 DRIVER_VECTORS = 4
-ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
+ACTIVATION_PASSES = 3
+# a ClientActor process: its proportional set size with torch and Ray's worker loaded, measured with psutil
+# on a running W1 (2 actors, 2026-11-28): 301-304 MiB PSS (225 MiB of it its own, 472 MiB RSS)
+ACTOR_PROCESS_BYTES = 300 * 2 ** 20
+PLAN_ROW_BYTES = 28  # per row of a task's minibatch plan: the shuffled order (int64), its rows (int64), the mask
+# (float32), the rows as a tensor on the device (int64)
+POISSON_TAIL = 10  # a Poisson(mean) E_k is counted at mean + 10 sqrt(mean): every client's draw stays below it  # forward values, their gradients, the inputs' copy
 CLIENT_BOOKKEEPING = 128  # bytes per registered client: sizes, offsets, system profile
 KEPT_ENTRY = 512  # bytes per kept client state besides its tensors (dict, tensor objects)
 
@@ -138,8 +148,13 @@ def estimate(cfg) -> Footprint:
     parts = [Part("data set", data, data_keys), Part("model", model, model_keys)]
     if not cfg.runtime.address:
         batch_keys = (("algorithm.batch_size", batch),) if batch else ()
+        plan_rows, plan_keys = _plan_rows(cfg, rows / max(clients, 1), batch)
         parts += [Part("client state", state, data_keys[:1] + model_keys),
-                  Part("training", min(in_flight, clients) * per_client, flight_keys + batch_keys + model_keys)]
+                  Part("training", min(in_flight, clients) * per_client, flight_keys + batch_keys + model_keys),
+                  Part("step plan", actors * min(in_flight, clients_per_task(cfg)) * plan_rows * PLAN_ROW_BYTES,
+                       plan_keys)]
+        if ray:
+            parts.append(Part("client hosts", actors * ACTOR_PROCESS_BYTES, _actor_keys(cfg.runtime)))
     return Footprint(tuple(parts))
 
 
@@ -199,6 +214,17 @@ def _actors(r) -> int:
     return max(1, actors_that_fit(r.num_cpus or os.cpu_count() or 1, r.num_gpus, r))
 
 
+def _actor_keys(r) -> tuple:
+    """The key that sets how many ClientActors start: runtime.num_actors, or for 'auto' whichever of
+    runtime.num_cpus (the CPUs an embedded Ray declares) and runtime.cpus_per_actor multiplies them more."""
+    if r.num_actors != "auto":
+        return (("runtime.num_actors", r.num_actors),)
+    cpus = os.cpu_count() or 1
+    if r.num_cpus and r.num_cpus / cpus > 1 / r.cpus_per_actor:
+        return (("runtime.num_cpus", r.num_cpus),)
+    return (("runtime.cpus_per_actor", r.cpus_per_actor),)
+
+
 def _in_flight(cfg, actors: int) -> tuple:
     """(clients training at once, the keys that set it)."""
     e, r = cfg.execution, cfg.runtime
@@ -210,6 +236,29 @@ def _in_flight(cfg, actors: int) -> tuple:
     if r.clients_per_task != "auto":
         count = min(count, actors * r.clients_per_task)
     return count, keys
+
+
+def _plan_rows(cfg, client_rows: float, batch: float) -> tuple:
+    """(rows of one client's largest minibatch plan, the key that sets it): a training task's
+    (``algorithm.local_steps`` or ``local_epochs``, or E_k's law ``system.unreliable.local_steps``) or a
+    personalization task's (``eval.personalized_steps`` or ``personalized_epochs``)."""
+    a, ev, law = cfg.algorithm, cfg.eval, cfg.system.unreliable.local_steps
+    epochs = a.get("local_epochs") or 1
+    plans = [(a.get("local_steps") * batch, ("algorithm.local_steps", a.get("local_steps"))) if a.get("local_steps")
+             else (epochs * max(client_rows, batch), ("algorithm.local_epochs", epochs))]
+    if law is not None:
+        key = "system.unreliable.local_steps"
+        steps, named = {"constant": (law.value, (f"{key}.value", law.value)),
+                        "uniform_int": (law.high, (f"{key}.high", law.high)),
+                        "poisson": (law.mean + POISSON_TAIL * math.sqrt(law.mean), (f"{key}.mean", law.mean))}[law.kind]
+        plans.append((steps * batch, named))
+    if ev.personalized_steps:
+        plans.append((ev.personalized_steps * batch, ("eval.personalized_steps", ev.personalized_steps)))
+    elif ev.personalized_epochs:
+        plans.append((ev.personalized_epochs * max(client_rows, batch),
+                      ("eval.personalized_epochs", ev.personalized_epochs)))
+    largest, key = max(plans, key=lambda plan: plan[0])
+    return largest, (key,)
 
 
 def _visits(cfg) -> float:

@@ -53,6 +53,11 @@ unit_interval = Check(lambda v: _finite(v) and 0 <= v < 1, "a number in [0, 1)")
 open_unit_interval = Check(lambda v: _finite(v) and 0 < v < 1, "a probability in (0, 1)")
 
 
+def within(low: float, high: float) -> Check:
+    """A finite number in [``low``, ``high``]."""
+    return Check(lambda v: _finite(v) and low <= v <= high, f"a number in [{low:g}, {high:g}]")
+
+
 def one_of(*names: str) -> Check:
     """The value is one of ``names``."""
     return Check(lambda v: v in names, _one_of_text(names))

@@ -114,7 +114,7 @@ def test_clients_per_task_does_not_change_the_math(tmp_path):
 def test_auto_task_size_is_a_share_of_the_round_or_of_the_concurrency(tmp_path, overrides, size):
     """'auto': a quarter of a synchronous round, at most 25 (four tasks or more for the actors);
     an eighth of the asynchronous concurrency, at most 100 (its calls are many)."""
-    from raysim.engine.dispatch import clients_per_task
+    from raysim.scenario.schema import clients_per_task
 
     cfg = small_scenario(tmp_path, "data.num_clients=20000", "runtime.clients_per_task=auto", *overrides)
     assert clients_per_task(cfg) == size

@@ -9,23 +9,6 @@ import numpy as np
 
 from raysim.engine.host import Task
 
-# the most clients an 'auto' task holds: a synchronous round keeps four tasks or more for the actors; the
-# asynchronous rule keeps eight tasks or more in flight, and its calls are many, each a fixed cost
-MAX_AUTO_CLIENTS_PER_TASK = {"sync": 25, "async": 100}
-
-
-def clients_per_task(cfg) -> int:
-    """Task size: ``runtime.clients_per_task``, or for 'auto' a quarter of a synchronous round
-    (at most 25), or an eighth of the asynchronous concurrency (at most 100): work spreads over
-    several actors while each task stays large enough to vectorize."""
-    value = cfg.runtime.clients_per_task
-    if value != "auto":
-        return value
-    ex = cfg.execution
-    share = -(-ex.clients_per_round // 4) if ex.mode == "sync" else -(-ex.concurrency // 8)
-    return max(1, min(MAX_AUTO_CLIENTS_PER_TASK[ex.mode], share))
-
-
 def make_tasks(op: str, client_ids: np.ndarray, train_sizes: np.ndarray, counter: int, size: int,
                version: int) -> list:
     """Group clients of similar size (less padding in vectorized work) into tasks.

@@ -342,7 +342,20 @@ class RunLoop:
     def _write_summary(self, summary: dict) -> None:
         import json
 
-        self.out.write_text("summary.json", json.dumps(summary, indent=2, default=float) + "\n")
+        self.out.write_text("summary.json", json.dumps(_plain(summary), indent=2, allow_nan=False) + "\n")
+
+
+def _plain(value):
+    """``value`` (dicts, lists, numbers) as strict JSON holds it: numpy numbers as Python ones and every
+    non-finite float as None, so that summary.json never holds NaN or Infinity."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _null(x):

@@ -18,7 +18,7 @@ from raysim.scenario import Scenario
 from raysim.algorithms import make_algorithm
 from raysim.data import QuadraticProblem, open_dataset
 from raysim.engine.asynchronous import AsyncUpdates
-from raysim.engine.dispatch import clients_per_task
+from raysim.scenario.schema import clients_per_task
 from raysim.engine.events import event_columns
 from raysim.engine.payloads import PayloadCache
 from raysim.engine.progress import Progress

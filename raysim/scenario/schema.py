@@ -190,6 +190,23 @@ def actors_that_fit(cpus: float, gpus: float | None, runtime_cfg) -> int:
     return fit
 
 
+# the most clients an 'auto' task holds: a synchronous round keeps four tasks or more for the actors; the
+# asynchronous rule keeps eight tasks or more in flight, and its calls are many, each a fixed cost
+MAX_AUTO_CLIENTS_PER_TASK = {"sync": 25, "async": 100}
+
+
+def clients_per_task(cfg) -> int:
+    """Task size: ``runtime.clients_per_task``, or for 'auto' a quarter of a synchronous round
+    (at most 25), or an eighth of the asynchronous concurrency (at most 100): work spreads over
+    several actors while each task stays large enough to vectorize."""
+    value = cfg.runtime.clients_per_task
+    if value != "auto":
+        return value
+    ex = cfg.execution
+    share = -(-ex.clients_per_round // 4) if ex.mode == "sync" else -(-ex.concurrency // 8)
+    return max(1, min(MAX_AUTO_CLIENTS_PER_TASK[ex.mode], share))
+
+
 ADAPTS = Rule(lambda cfg: cfg.eval.personalized_steps > 0 or cfg.eval.personalized_epochs > 0,
               "eval.personalized_steps > 0 or eval.personalized_epochs > 0", lambda cfg: "both are 0")
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import math
 
-from raysim.schema import non_negative, positive, require, require_one_of
+from raysim.schema import non_negative, positive, require, require_one_of, within
 from raysim.system.config import kinds
 from raysim.system.traces import (AVAILABILITY_KEY, COMPUTE_KEY, check_exists, load_availability_trace,
                                   load_compute_trace)
 
 NEVER = "no client is ever available"
+# the keys that scale a task's virtual duration stay within these ranges, so that no product of them (times the
+# rows, steps and bytes of a run) overflows a float64 clock: a virtual time is always a finite number of seconds
+SPEED = within(1e-9, 1e9)  # relative device speeds
+SCALE = within(0, 1e6)  # seconds per sample, latencies, spreads of log-normal laws, slow factors
+BANDWIDTH = within(1e-6, 1e9)  # Mbit/s
+SPREAD = within(0, 20)  # standard deviations and means of log-normal laws (exp(20) is 4.9e8)
 
 
 def _probability(key: str, value) -> None:
@@ -21,11 +27,11 @@ def _tiers(key: str, tiers, network: bool) -> None:
     for i, tier in enumerate(tiers):
         _probability(f"{key}[{i}].fraction", tier.fraction)
         if network:
-            positive(f"{key}[{i}].down_mbps", tier.down_mbps)
-            positive(f"{key}[{i}].up_mbps", tier.up_mbps)
-            non_negative(f"{key}[{i}].latency_s", tier.latency_s)
+            BANDWIDTH(f"{key}[{i}].down_mbps", tier.down_mbps)
+            BANDWIDTH(f"{key}[{i}].up_mbps", tier.up_mbps)
+            SCALE(f"{key}[{i}].latency_s", tier.latency_s)
         else:
-            positive(f"{key}[{i}].speed", tier.speed)
+            SPEED(f"{key}[{i}].speed", tier.speed)
     total = sum(tier.fraction for tier in tiers)
     require(abs(total - 1.0) <= 1e-6, key, [tier.fraction for tier in tiers],
             f"tiers whose fractions sum to 1 (they sum to {total:g})")
@@ -77,16 +83,16 @@ def validate_system(system_cfg, num_clients: int | None) -> None:
     """
     c = system_cfg.compute
     require_one_of("system.compute.kind", c.kind, kinds("compute"))
-    positive("system.compute.speed", c.speed)
-    non_negative("system.compute.sigma", c.sigma)
-    require(math.isfinite(c.mu), "system.compute.mu", c.mu, "a finite number")
-    positive("system.compute.shape", c.shape)
-    positive("system.compute.scale", c.scale)
+    SPEED("system.compute.speed", c.speed)
+    SPREAD("system.compute.sigma", c.sigma)
+    require(abs(c.mu) <= 20, "system.compute.mu", c.mu, "a number in [-20, 20]")
+    within(0.01, 1e6)("system.compute.shape", c.shape)  # below, Lomax draws make speeds that underflow
+    SPEED("system.compute.scale", c.scale)
     _probability("system.compute.slow_fraction", c.slow_fraction)
-    require(c.slow_factor >= 1 and math.isfinite(c.slow_factor), "system.compute.slow_factor", c.slow_factor,
-            "a number >= 1")
-    positive("system.compute.seconds_per_sample", c.seconds_per_sample)
-    non_negative("system.compute.noise", c.noise)
+    within(1, 1e6)("system.compute.slow_factor", c.slow_factor)
+    require(0 < c.seconds_per_sample <= 1e6, "system.compute.seconds_per_sample", c.seconds_per_sample,
+            "a number in (0, 1e6]")
+    SPREAD("system.compute.noise", c.noise)
     if c.kind == "tiers":
         _tiers("system.compute.tiers", c.tiers, network=False)
     if c.kind == "trace":
@@ -96,17 +102,17 @@ def validate_system(system_cfg, num_clients: int | None) -> None:
 
     w = system_cfg.network
     require_one_of("system.network.kind", w.kind, kinds("network"))
-    positive("system.network.down_mbps", w.down_mbps)
-    positive("system.network.up_mbps", w.up_mbps)
-    non_negative("system.network.latency_s", w.latency_s)
-    non_negative("system.network.sigma", w.sigma)
+    BANDWIDTH("system.network.down_mbps", w.down_mbps)
+    BANDWIDTH("system.network.up_mbps", w.up_mbps)
+    SCALE("system.network.latency_s", w.latency_s)
+    SPREAD("system.network.sigma", w.sigma)
     if w.kind == "tiers":
         _tiers("system.network.tiers", w.tiers, network=True)
 
     a = system_cfg.availability
     require_one_of("system.availability.kind", a.kind, kinds("availability"))
     _probability("system.availability.p", a.p)
-    positive("system.availability.period", a.period)
+    require(0 < a.period <= 1e12, "system.availability.period", a.period, "a number in (0, 1e12]")
     _probability("system.availability.on_fraction", a.on_fraction)
     if a.kind == "bernoulli":
         require(a.p > 0, "system.availability.p", a.p, f"a probability in (0, 1] (with 0, {NEVER})")
