@@ -48,14 +48,26 @@ def iid(labels: np.ndarray, num_clients: int, test_fraction: float, seed: int) -
     return split_train_test(parts, test_fraction, rng)
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction: float, seed: int) -> Split:
-    """Per class, proportions ~ Dirichlet(alpha * 1); redrawn (at most :data:`DIRICHLET_DRAWS`
-    times) until every client has a sample."""
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction: float, seed: int,
+              min_size: int | None = None) -> Split:
+    """Per class, proportions ~ Dirichlet(alpha * 1). With ``min_size`` unset, redrawn (at most
+    :data:`DIRICHLET_DRAWS` times) until every client has a sample; with ``min_size`` k, every
+    client first takes k samples drawn at random and the rest are split by one draw."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
         raise ScenarioError("data.partition.alpha", alpha, "a number > 0")
     labels = np.asarray(labels)
     rng = stream(seed, Purpose.PARTITION)
-    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    reserved = [np.zeros(0, dtype=np.int64)] * num_clients
+    rest = np.arange(len(labels))
+    if min_size is not None:
+        if min_size * num_clients > len(labels):
+            raise ScenarioError("data.partition.min_size", min_size,
+                                f"at most {len(labels) // num_clients} so that {num_clients} clients' samples fit "
+                                f"in {len(labels)} (or at most {len(labels) // min_size} clients)")
+        order = rng.permutation(len(labels))
+        reserved = np.split(order[:min_size * num_clients], num_clients)
+        rest = np.sort(order[min_size * num_clients:])
+    by_class = [rest[labels[rest] == c] for c in np.unique(labels)]
     concentration = np.full(num_clients, float(alpha))
     for _ in range(DIRICHLET_DRAWS):
         draws = []
@@ -65,12 +77,15 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction:
             cuts[-1] = len(idx)  # guard against the float cumsum ending just below 1
             draws.append((idx, cuts))
         sizes = sum(np.diff(cuts, prepend=0) for _, cuts in draws)
-        if sizes.min() >= 1:
-            clients = [np.concatenate([idx[(cuts[k - 1] if k else 0):cuts[k]] for idx, cuts in draws])
+        if min_size is not None or sizes.min() >= 1:
+            clients = [np.concatenate([reserved[k]] + [idx[(cuts[k - 1] if k else 0):cuts[k]] for idx, cuts in draws])
                        for k in range(num_clients)]
             return split_train_test(clients, test_fraction, rng)
-    raise ScenarioError("data.partition.alpha", alpha, f"a larger alpha or fewer clients: "
-                                                       f"some client got no sample after {DIRICHLET_DRAWS} draws")
+    raise ScenarioError("data.num_clients", num_clients,
+                        f"a population Dirichlet(alpha={alpha:g}) can fill: no draw in {DIRICHLET_DRAWS} gave every "
+                        f"client a sample ({len(labels)} samples, {len(labels) / num_clients:.3g} per client); set "
+                        f"data.partition.min_size (with 1 every client first takes a sample at random, which "
+                        f"fills up to {len(labels)} clients) or take fewer clients")
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, test_fraction: float,
@@ -148,14 +163,15 @@ def partition(labels: np.ndarray, num_clients: int, cfg, test_fraction: float, s
     """Split centralized ``labels`` over clients as ``cfg.kind`` says (see ``PARTITIONERS``).
 
     ``cfg`` has attributes ``kind``, ``alpha``, ``shards_per_client``, ``per_class``,
-    ``test_per_class`` and ``diff_hetero``.
+    ``test_per_class`` and ``diff_hetero``, and may have ``min_size``.
     """
     num_clients = check_num_clients(num_clients)
     test_fraction = check_test_fraction(test_fraction)
     if cfg.kind == "iid":
         return iid(labels, num_clients, test_fraction, seed)
     if cfg.kind == "dirichlet":
-        return dirichlet(labels, num_clients, cfg.alpha, test_fraction, seed)
+        return dirichlet(labels, num_clients, cfg.alpha, test_fraction, seed,
+                         getattr(cfg, "min_size", None))
     if cfg.kind == "shards":
         return shards(labels, num_clients, cfg.shards_per_client, test_fraction, seed)
     if cfg.kind == "pathological":

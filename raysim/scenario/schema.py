@@ -40,6 +40,10 @@ class PartitionConfig:
     kind: str = key("iid", "iid | dirichlet | shards | pathological (raysim list: partitioners)")
     alpha: float = key(0.5, "dirichlet: concentration of the per-class Dirichlet(alpha) proportions (smaller: more "
                             "label skew)", check=positive, when=_partition("dirichlet"))
+    min_size: Optional[int] = key(None, "dirichlet: every client first takes this many samples drawn at random, "
+                                        "the rest are split by Dirichlet(alpha) (null: the proportions are "
+                                        "redrawn until every client has a sample)", check=positive_int,
+                                  when=_partition("dirichlet"))
     shards_per_client: int = key(2, "shards: label-sorted shards per client", check=positive_int,
                                  when=_partition("shards"))
     per_class: int = key(10, "pathological: train images per class, a", check=positive_int,

@@ -1,0 +1,40 @@
+"""A new user's frictions from issue 41, section 2, each with the behaviour that replaced it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim.data.partition import dirichlet
+from tests.test_bad_input import cli, one_error_line
+
+DIGITS_500 = ["data.kind=digits", "data.num_clients=500", "data.partition.kind=dirichlet",
+              "execution.clients_per_round=10"]
+
+
+def test_a_dirichlet_split_that_cannot_fill_the_clients_says_how_to_and_how_many_it_can():
+    """digits with 500 clients failed at every alpha with 'expected a larger alpha or fewer clients'."""
+    done = cli("validate", "scenarios/quickstart.yaml", *DIGITS_500, "data.partition.alpha=100")
+    assert done.returncode == 2
+    assert one_error_line(done.stderr) == (
+        "error: data.num_clients = 500: expected a population Dirichlet(alpha=100) can fill: no draw in 1000 gave "
+        "every client a sample (1797 samples, 3.59 per client); set data.partition.min_size (with 1 every client "
+        "first takes a sample at random, which fills up to 1797 clients) or take fewer clients")
+    done = cli("validate", "scenarios/quickstart.yaml", *DIGITS_500, "data.partition.min_size=4")
+    assert one_error_line(done.stderr) == ("error: data.partition.min_size = 4: expected at most 3 so that 500 "
+                                           "clients' samples fit in 1797 (or at most 449 clients)")
+
+
+def test_min_size_gives_every_client_its_samples_and_keeps_the_label_skew():
+    from sklearn.datasets import load_digits
+
+    labels = load_digits().target
+    for alpha in (0.3, 100.0):
+        train, test = dirichlet(labels, 500, alpha, 0.2, seed=3, min_size=3)
+        sizes = np.array([len(a) + len(b) for a, b in zip(train, test)])
+        assert sizes.min() >= 3 and sizes.sum() == len(labels)
+        assert len(np.unique(np.concatenate(train + test))) == len(labels)  # each sample once
+        again, _ = dirichlet(labels, 500, alpha, 0.2, seed=3, min_size=3)
+        assert all(np.array_equal(a, b) for a, b in zip(train, again))
+    skewed, _ = dirichlet(labels, 50, 0.3, 0.0, seed=0, min_size=1)
+    classes = [len(np.unique(labels[idx])) for idx in skewed]
+    assert np.median(classes) < 10  # most clients still miss classes at alpha 0.3
