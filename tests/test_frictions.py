@@ -38,3 +38,22 @@ def test_min_size_gives_every_client_its_samples_and_keeps_the_label_skew():
     skewed, _ = dirichlet(labels, 50, 0.3, 0.0, seed=0, min_size=1)
     classes = [len(np.unique(labels[idx])) for idx in skewed]
     assert np.median(classes) < 10  # most clients still miss classes at alpha 0.3
+
+
+def test_every_key_a_switch_to_async_leaves_behind_is_named_in_one_message(tmp_path):
+    """Switching sync -> async took three runs, one ~key per error."""
+    scenario = tmp_path / "sync.yaml"
+    scenario.write_text("name: switch\ndata: {kind: gaussian_mixture, num_clients: 40}\nmodel: {kind: mlp, hidden: [16]}\n"
+                        "algorithm: {name: fedavg, lr: 0.05}\n"
+                        "execution: {mode: sync, rounds: 3, clients_per_round: 10, deadline: 5.0}\n"
+                        f"runtime: {{backend: local}}\noutput: {{dir: {tmp_path}}}\n")
+    done = cli("validate", str(scenario), "execution.mode=async", "execution.max_updates=100")
+    assert done.returncode == 2
+    sync_only = "it applies only with execution.mode = sync (here execution.mode = 'async')"
+    assert one_error_line(done.stderr) == (
+        f"error: execution.rounds = 3: expected no setting ({sync_only}); nor does execution.clients_per_round = 10 "
+        f"({sync_only}); nor does execution.deadline = 5.0 ({sync_only}); ~execution.rounds "
+        "~execution.clients_per_round ~execution.deadline unset them")
+    fixed = cli("validate", str(scenario), "execution.mode=async", "execution.max_updates=100", "~execution.rounds",
+                "~execution.clients_per_round", "~execution.deadline")
+    assert fixed.returncode == 0, fixed.stderr

@@ -20,7 +20,7 @@ from raysim.data.generated import GeneratedDataset
 from raysim.data.kinds import CLIENTS_FROM_FILES, DATA_FILES, DATASETS, PARTITIONED_FILES
 from raysim.data.partition import PARTITIONERS
 from raysim.data.sizes import data_shape
-from raysim.errors import ScenarioError
+from raysim.errors import SHOWN_VALUE, ScenarioError, shortened
 from raysim.importing import import_object
 from raysim.scenario.schema import (SPLIT_KINDS, DataConfig, EvalConfig, ExecutionConfig, ModelConfig, OutputConfig,
                                     PartitionConfig, RuntimeConfig, Scenario)
@@ -198,18 +198,30 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
 
     check_tensorboard(cfg.output)
 
-    for path in explicit:
-        why = why_ignored(cfg, keys, path)
-        if why is None and path == "data.test_fraction":
-            why = own_split(d.kind, d.path)
-        if why is not None:
-            value = OmegaConf.select(cfg, path)
-            unset = f"; ~{path.split('[')[0]} unsets it" if path in unsettable else ""  # a list: all of it
-            raise ScenarioError(path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value,
-                                f"no setting ({why}){unset}")
+    _refuse_ignored(cfg, keys, explicit, unsettable)
     if field_of(keys, "aggregator") is not None and cfg.data.kind not in CLIENTS_FROM_FILES:  # else: prepare
         check_aggregator(cfg, cfg.data.num_clients)
     keys.check(cfg)
+
+
+def _refuse_ignored(cfg, keys, explicit, unsettable) -> None:
+    """ScenarioError naming every one of the ``explicit`` keys this scenario would ignore, in one
+    message (the first as key = value, the others after it), and how to unset them."""
+    ignored = []
+    for path in explicit:
+        why = why_ignored(cfg, keys, path)
+        if why is None and path == "data.test_fraction":
+            why = own_split(cfg.data.kind, cfg.data.path)
+        if why is not None:
+            value = OmegaConf.select(cfg, path)
+            ignored.append((path, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value, why))
+    if not ignored:
+        return
+    unset = list(dict.fromkeys(f"~{path.split('[')[0]}" for path, _, _ in ignored if path in unsettable))  # a list: all
+    (path, value, why), others = ignored[0], ignored[1:]
+    more = "".join(f"; nor does {p} = {shortened(repr(v), SHOWN_VALUE)} ({w})" for p, v, w in others)
+    hint = f"; {' '.join(unset)} {'unsets it' if len(unset) == 1 else 'unset them'}" if unset else ""
+    raise ScenarioError(path, value, f"no setting ({why}){more}{hint}")
 
 
 def check_data_set(cfg, dataset) -> None:
