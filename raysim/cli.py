@@ -89,9 +89,19 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
     if not args.quiet:
         steps = (f"{summary['rounds']} rounds" if cfg.execution.mode == "sync"
                  else f"{summary['server_steps']} server steps")
-        print(f"{cfg.name}: {steps}, {summary['client_updates']} client updates, {_final_metrics(summary)}, "
-              f"{summary['wall_seconds']:.1f} s wall -> {cfg.output.dir}")
+        print(f"{cfg.name}: {steps}, {summary['client_updates']} client updates{_not_applied(summary['tasks'])}, "
+              f"{_final_metrics(summary)}, {summary['wall_seconds']:.1f} s wall -> {cfg.output.dir}")
     return 0
+
+
+def _not_applied(tasks: dict) -> str:
+    """' (14 late, 3 dropped of 103 tasks: 16.5%)': the tasks whose update did not count, by status."""
+    others = {status: n for status, n in tasks.items() if status != "applied" and n}
+    if not others:
+        return ""
+    total = sum(tasks.values())
+    counts = ", ".join(f"{n} {status}" for status, n in others.items())
+    return f" ({counts} of {total} tasks: {sum(others.values()) / total:.1%})"
 
 
 def _stopped_line(cfg, resuming: bool) -> str:
@@ -170,7 +180,24 @@ def cmd_validate(args) -> int:
     print(f"ok: {args.scenario}: {dataset.num_clients} clients, {classes}, "
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
           f"algorithm {cfg.algorithm.name}, {budget}; {summary(cfg)}")
+    print(_durations(prepared, cfg.execution))
     return 0
+
+
+def _durations(prepared, ex) -> str:
+    """'task durations: median …, p90 …, p99 … virtual s (first task of N clients)', and with a
+    deadline the share of those tasks it would leave late."""
+    import numpy as np
+
+    from raysim.engine.scheduler import task_durations
+
+    seconds = task_durations(prepared.scenario, prepared.dataset.table)
+    median, p90, p99 = np.quantile(seconds, [0.5, 0.9, 0.99])
+    line = (f"task durations: median {median:.3g}, p90 {p90:.3g}, p99 {p99:.3g} virtual s "
+            f"(first task of {len(seconds):,} clients)")
+    if ex.mode == "sync" and ex.deadline is not None:
+        line += f"; execution.deadline {ex.deadline:g} leaves {np.mean(seconds > ex.deadline):.1%} of them late"
+    return line
 
 
 def cmd_list(args) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from raysim.data.partition import dirichlet
@@ -57,3 +59,35 @@ def test_every_key_a_switch_to_async_leaves_behind_is_named_in_one_message(tmp_p
     fixed = cli("validate", str(scenario), "execution.mode=async", "execution.max_updates=100", "~execution.rounds",
                 "~execution.clients_per_round", "~execution.deadline")
     assert fixed.returncode == 0, fixed.stderr
+
+
+def test_validate_shows_the_time_scale_a_deadline_is_set_against(tmp_path):
+    """execution.deadline: 5.0 silently made nothing late when tasks take 0.12-0.2 virtual s."""
+    from raysim.engine.scheduler import task_durations
+    from raysim.preparation import prepare
+    from raysim.scenario import load_scenario
+
+    args = ["scenarios/quickstart.yaml", "execution.deadline=5.0", "runtime.backend=local"]
+    done = cli("validate", *args)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("ok: scenarios/quickstart.yaml: 100 clients") and len(lines) == 2
+    seconds = task_durations(*(lambda p: (p.scenario, p.dataset.table))(
+        prepare(load_scenario(args[0], args[1:]), create_output=False)))
+    median, p90, p99 = np.quantile(seconds, [0.5, 0.9, 0.99])
+    assert 0.05 < median < p90 < p99 < 1.0  # the quickstart's tasks take a fraction of a virtual second
+    assert lines[1] == (f"task durations: median {median:.3g}, p90 {p90:.3g}, p99 {p99:.3g} virtual s (first task "
+                        "of 100 clients); execution.deadline 5 leaves 0.0% of them late")
+    stragglers = cli("validate", "scenarios/stragglers/sync_deadline.yaml", "runtime.backend=local")
+    assert stragglers.stdout.strip().splitlines()[1].endswith("execution.deadline 30 leaves 13.8% of them late")
+
+
+def test_the_closing_line_gives_the_share_of_updates_that_did_not_count(tmp_path):
+    done = cli("run", "scenarios/stragglers/sync_deadline.yaml", "execution.rounds=5", "runtime.backend=local",
+               f"output.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    late = summary["tasks"]["late"]
+    total = late + summary["tasks"]["applied"]
+    assert late > 0 and f"client updates ({late} late of {total} tasks: {late / total:.1%}), final test accuracy" \
+        in done.stdout.strip().splitlines()[-1]

@@ -34,6 +34,18 @@ from raysim.pipeline.build import server_pipeline
 from raysim.system import SystemModel
 from raysim.threads import torch_threads
 
+DURATION_SAMPLE = 10_000  # clients whose first task's duration :func:`task_durations` draws
+
+
+def task_durations(scenario: Scenario, table: pa.Table) -> np.ndarray:
+    """Virtual seconds of the first task of the first :data:`DURATION_SAMPLE` clients (or all), drawn
+    as the scheduler draws a task's duration (:meth:`Scheduler.timing`): for ``raysim validate`` to
+    show the time scale a deadline is set against."""
+    scheduler = Scheduler(scenario, table, runtime=None)
+    clients = np.arange(min(scheduler.dataset.num_clients, DURATION_SAMPLE))
+    return scheduler.timing(clients, np.zeros(len(clients), dtype=np.int64)).duration_s
+
+
 class Scheduler:
     """Virtual time, server state, dispatch; :meth:`advance` runs server steps for a while."""
 
