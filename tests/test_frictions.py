@@ -91,3 +91,45 @@ def test_the_closing_line_gives_the_share_of_updates_that_did_not_count(tmp_path
     total = late + summary["tasks"]["applied"]
     assert late > 0 and f"client updates ({late} late of {total} tasks: {late / total:.1%}), final test accuracy" \
         in done.stdout.strip().splitlines()[-1]
+
+
+def test_report_legends_and_timeline_titles_keep_sub_second_virtual_times(tmp_path):
+    """'0.4 at 0 virtual s': a legend rounded a sub-second virtual time to 0."""
+    from test_report import make_run
+
+    from raysim.report.figures import _lines_figure, _timeline_figure, load_runs
+
+    runs = load_runs([make_run(tmp_path / "fast", "fast", virtual=True, time_scale=0.04)])
+    ax = _lines_figure(runs, "virtual_time", ("test_accuracy",), "Accuracy", "accuracy", target=0.5).axes[0]
+    assert ax.get_legend().get_texts()[0].get_text() == "fast (0.5 at 0.04 virtual s)"
+    runs[0].events["virtual_start"] = runs[0].events["virtual_start"] / 100  # tasks within half a virtual second
+    runs[0].events["virtual_end"] = runs[0].events["virtual_end"] / 100
+    title = _timeline_figure(runs).axes[0].get_title()
+    assert title.startswith("fast: ") and not title.endswith("virtual s 0") and float(title.split()[-1]) < 1
+
+
+def test_a_synchronous_staleness_histogram_has_one_integer_tick():
+    """A sync run's staleness is 0 everywhere: the histogram had ticks at -0.45 ... 0.45."""
+    from raysim.report.figures import _panel_histograms
+
+    fig = _panel_histograms("Staleness", "staleness", "updates", [("sync", np.zeros(50, dtype=int))])
+    fig.canvas.draw()
+    ticks = [t for t in fig.axes[-1].get_xticks() if -0.5 <= t <= 0.5]
+    assert ticks == [0.0]
+
+
+def test_the_runs_table_shows_final_personalized_accuracy(tmp_path):
+    from test_report import make_run
+
+    from raysim.report.figures import load_runs
+    from raysim.report.html import _summary
+
+    path = make_run(tmp_path / "p", "p", virtual=False, personalized=True)
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    summary.update(final_personalized_accuracy=0.8125, final_personalized_accuracy_mean=0.79)
+    (tmp_path / "p" / "summary.json").write_text(json.dumps(summary))
+    header, rows = _summary(load_runs([path]), None)
+    assert rows[0][header.index("final personalized accuracy")] == "0.8125"
+    assert rows[0][header.index("final personalized accuracy mean")] == "0.7900"
+    plain, _ = _summary(load_runs([make_run(tmp_path / "q", "q", virtual=False)]), None)
+    assert "final personalized accuracy" not in plain

@@ -241,7 +241,8 @@ def _reach_text(run: SavedRun, x: str, target: float) -> str:
     if i is None or not np.isfinite(run.rounds[x][i]):
         return f"{target:g} not reached"
     value = run.rounds[x][i]
-    where = {"round": f"step {value:,.0f}", "virtual_time": f"{value:,.0f} virtual s", "wall_time": f"{value:.1f} s"}
+    where = {"round": f"step {value:,.0f}", "virtual_time": f"{seconds_text(value)} virtual s",
+             "wall_time": f"{value:.1f} s"}
     return f"{target:g} at {where[x]}"
 
 
@@ -326,7 +327,7 @@ def _panel_histograms(title: str, xlabel: str, ylabel: str, panels: list[tuple[s
         ax.set_title(panel, fontsize="medium")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # one value (sync: 0): one tick
     if wide:
         axes[-1].set_xscale("symlog", linthresh=1.0)
     auto_scale(axes[-1], "y", [c[c > 0] for c in counts])
@@ -423,7 +424,7 @@ def _timeline_figure(runs: list[SavedRun]) -> Figure | None:
         seen.update(names)
         ax.barh(assign_lanes(start, end), end - start, left=start, height=0.8, edgecolor="black", linewidth=0.4,
                 color=[STATUS_COLORS.get(s, "tab:blue") for s in names])
-        ax.set_title(f"{label}: {start.size} tasks starting by virtual s {horizon:,.0f}", fontsize="medium")
+        ax.set_title(f"{label}: {start.size} tasks starting by virtual s {seconds_text(horizon)}", fontsize="medium")
         ax.set_ylabel("lane")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlabel("virtual time (virtual s)")

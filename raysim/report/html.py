@@ -17,6 +17,7 @@ _STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table{border-c
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}code{font-size:90%}
 .wide{overflow-x:auto;max-width:100%}td,th{white-space:nowrap}"""
+PERSONALIZED = ("personalized_accuracy", "personalized_accuracy_mean")  # summary.json's final_* of these
 QUADRATIC = ("rel_error", "grad_norm_sq", "loss_gap")  # summary columns of runs with exact diagnostics
 
 
@@ -48,7 +49,9 @@ def report_html(runs, images: dict[str, bytes], target: float | None = None) -> 
 def _summary(runs, target: float | None) -> tuple[list[str], list[list]]:
     """Header and rows of the runs' table (from summary.json, and the last diagnostics row)."""
     quadratic = [c for c in QUADRATIC if any(run.series("round", c) is not None for run in runs)]
-    header = ["run", "status", "algorithm", "mode", "final test accuracy", "final test loss", *quadratic,
+    personalized = [c for c in PERSONALIZED if any(_finite((run.summary or {}).get(f"final_{c}")) for run in runs)]
+    header = ["run", "status", "algorithm", "mode", "final test accuracy", "final test loss",
+              *(f"final {c.replace('_', ' ')}" for c in personalized), *quadratic,
               "wall s", "virtual s", "updates", "model sha256"]
     if target is not None:
         header.insert(6, f"virtual s to {target:g}")
@@ -59,6 +62,7 @@ def _summary(runs, target: float | None) -> tuple[list[str], list[list]]:
         row = [run.label, s.get("status", "no summary"), (scenario.get("algorithm") or {}).get("name"),
                s.get("mode"), number_text(s.get("final_test_accuracy"), ".4f"),
                number_text(s.get("final_test_loss"), ".4g"),
+               *(number_text(s.get(f"final_{c}"), ".4f") for c in personalized),
                *(number_text(v, ".3e") for v in last), number_text(s.get("wall_seconds"), ",.1f"),
                seconds_text(s.get("virtual_time")), s.get("client_updates"), (s.get("model_sha256") or "")[:12]]
         if target is not None:
