@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -133,3 +134,21 @@ def test_the_runs_table_shows_final_personalized_accuracy(tmp_path):
     assert rows[0][header.index("final personalized accuracy mean")] == "0.7900"
     plain, _ = _summary(load_runs([make_run(tmp_path / "q", "q", virtual=False)]), None)
     assert "final personalized accuracy" not in plain
+
+
+def test_the_server_state_example_of_the_guide_runs_as_it_says(tmp_path):
+    """docs/custom_algorithm.md never described server-side state (state.extra, init_extra)."""
+    import pyarrow.parquet as pq
+
+    import raysim
+    from conftest import small_scenario
+
+    guide = (Path(__file__).parent.parent / "docs" / "custom_algorithm.md").read_text()
+    example = (Path(__file__).parent.parent / "examples" / "server_warmup.py").read_text()
+    shown = guide.split("## Server-side state")[1].split("```python\n")[1].split("```")[0]
+    assert shown.strip() in example  # the guide shows the file's code, not a copy that could drift
+    cfg = small_scenario(tmp_path, "algorithm.name=examples.server_warmup:FedAvgWarmup", "algorithm.warmup_steps=4",
+                         "execution.rounds=6")
+    raysim.run(cfg)
+    warmup = pq.read_table(tmp_path / "out" / "rounds.parquet").column("warmup").to_pylist()
+    assert warmup == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
