@@ -152,3 +152,21 @@ def test_the_server_state_example_of_the_guide_runs_as_it_says(tmp_path):
     raysim.run(cfg)
     warmup = pq.read_table(tmp_path / "out" / "rounds.parquet").column("warmup").to_pylist()
     assert warmup == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_a_steady_rate_from_too_short_a_window_is_flagged_in_the_plot():
+    """A sweep of very short runs showed noise as parallel efficiency (1.95 on 2 actors)."""
+    from raysim.sweep.plots import _plot
+    from raysim.sweep.results import too_short
+
+    def row(actors, ups, seconds):
+        return {"runtime.num_actors": actors, "status": "completed", "steady_updates_per_second": ups,
+                "steady_seconds": seconds, "output_dir": f"/x/actors={actors}"}
+
+    short = [row(1, 100.0, 0.3), row(2, 390.0, 0.2)]
+    assert too_short(short) == short
+    title = _plot(short, [], "parallel_efficiency", "runtime.num_actors").axes[0].get_title()
+    assert "steady window under 2 s at some points: noise" in title
+    long = [row(1, 100.0, 30.0), row(2, 190.0, 25.0)]
+    assert too_short(long) == []
+    assert "noise" not in _plot(long, [], "parallel_efficiency", "runtime.num_actors").axes[0].get_title()

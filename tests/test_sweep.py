@@ -76,6 +76,7 @@ def test_a_second_call_skips_the_completed_points(grid_sweep, capsys):
     assert sweep(*GRID, "--out", str(grid_sweep)) == 0
     err = capsys.readouterr().err
     assert err.count("skipped ") == 4 and "start " not in err, err
+    assert "warning: 4 of 4 points measured their steady rate over less than 2 s of rounds" in err  # 1-2 rounds
     assert [p.stat().st_mtime_ns for p in summaries] == before
     assert len(table(grid_sweep)) == 4
 

@@ -11,7 +11,7 @@ from matplotlib.ticker import MaxNLocator
 
 from raysim.measure import MIB
 from raysim.report.figures import DPI, new_figure
-from raysim.sweep.results import value_text
+from raysim.sweep.results import MIN_STEADY_SECONDS, too_short, value_text
 
 LABELS = {  # metric -> (axis label, scale)
     "steady_updates_per_second": ("steady updates per second", 1.0),
@@ -23,6 +23,7 @@ LABELS = {  # metric -> (axis label, scale)
     "final_test_accuracy": ("final test accuracy", 1.0),
     "virtual_time": ("virtual time at the end (virtual s)", 1.0),
 }
+STEADY = ("steady_updates_per_second", "parallel_efficiency")  # measured over a run's steady window
 BUILT_IN = {"runtime.num_actors": ("steady_updates_per_second", "parallel_efficiency"),
             "data.num_clients": ("median_round_seconds", "peak_rss_bytes")}
 """Plots drawn whenever their grid key is a grid key."""
@@ -69,6 +70,9 @@ def _plot(rows: list[dict], others: list, metric: str, key: str):
         return None
     label, scale = LABELS.get(metric, (metric, 1.0))
     fig, ax = new_figure(f"{label} vs {key}", key, label)
+    if metric in STEADY and too_short(rows):
+        ax.set_title(f"{label} vs {key}\n(steady window under {MIN_STEADY_SECONDS:g} s at some points: noise; "
+                     f"run more rounds)", color="tab:red")
     for name, points in lines.items():
         order = sorted(points, key=lambda x: values[x]) if numeric else [x for x in xs if x in points]
         at = [values[x] if numeric else xs.index(x) for x in order]

@@ -24,7 +24,8 @@ from raysim.schema import dotted_items
 
 MEASURED = "sweep_point.json"
 METRICS = ("wall_seconds", "startup_seconds", "steady_updates_per_second", "median_round_seconds",
-           "peak_rss_bytes", "final_test_accuracy", "virtual_time")
+           "steady_seconds", "peak_rss_bytes", "final_test_accuracy", "virtual_time")
+MIN_STEADY_SECONDS = 2.0  # a steady rate measured over less wall time than this is mostly noise
 _TYPES = {"repeat": pa.int64(), "status": pa.string(), **{m: pa.float64() for m in METRICS},
           "peak_rss_bytes": pa.int64(), "mode": pa.string(), "output_dir": pa.string(),
           "raysim_version": pa.string(), "git_commit": pa.string()}
@@ -132,15 +133,22 @@ def point_row(point) -> dict:
     wall = rounds["wall_time"]
     evaluating = rounds.get("eval_seconds", [0.0] * len(wall))  # a run written before raysim logged it
     ups = summary["steady_updates_per_second"]
-    if point.cfg.execution.mode == "sync":  # a round's wall since the previous row, its evaluation left out
-        steps = [b - a - e for a, b, e in zip([0.0] + wall[:-1], wall, evaluating)]
+    steps = [b - a - e for a, b, e in zip([0.0] + wall[:-1], wall, evaluating)]  # evaluation left out
+    if point.cfg.execution.mode == "sync":  # a round's wall since the previous row
         per_round = steady(steps, point.cfg.execution.clients_per_round)[1]
     else:
         per_round = 1.0 / ups if ups else None
     row.update(startup_seconds=summary["wall_seconds"] - (wall[-1] - wall[0]), steady_updates_per_second=ups,
-               median_round_seconds=per_round, final_test_accuracy=summary["final_test_accuracy"],
-               virtual_time=summary["virtual_time"])
+               median_round_seconds=per_round, steady_seconds=sum(steps[1:]),
+               final_test_accuracy=summary["final_test_accuracy"], virtual_time=summary["virtual_time"])
     return row
+
+
+def too_short(rows: list[dict]) -> list[dict]:
+    """The completed rows whose steady rate was measured over less than :data:`MIN_STEADY_SECONDS`
+    of rounds after the first: their updates per second (and a parallel efficiency from them) are noise."""
+    return [row for row in rows if row["status"] == "completed" and row["steady_seconds"] is not None
+            and row["steady_seconds"] < MIN_STEADY_SECONDS]
 
 
 def value_text(value) -> str:

@@ -13,8 +13,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from raysim.errors import RunError, ScenarioError
 from raysim.sweep.plan import Sweep, cpus_per_point
-from raysim.sweep.results import (code_version, forget_measured, is_done, point_row, save_measured,
-                                  write_table)
+from raysim.sweep.results import (MIN_STEADY_SECONDS, code_version, forget_measured, is_done, point_row,
+                                  save_measured, too_short, write_table)
 
 
 def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> int:
@@ -41,6 +41,12 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
     print(table)
     for path in write_plots(rows, sweep.grid, sweep.plots, sweep.out):
         print(path)
+    short = too_short(rows)
+    if short:
+        print(f"warning: {len(short)} of {len(rows)} points measured their steady rate over less than "
+              f"{MIN_STEADY_SECONDS:g} s of rounds ({', '.join(Path(r['output_dir']).name for r in short[:3])}"
+              f"{', …' if len(short) > 3 else ''}): their updates per second and parallel efficiency are noise; "
+              f"run more rounds", file=sys.stderr)
     failed = [row["output_dir"] for row in rows if row["status"] != "completed"]
     if failed:
         raise RunError(f"{len(failed)} of {len(rows)} sweep points did not complete: {', '.join(failed)}")
