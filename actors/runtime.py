@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.jobs import job_address
 from actors.payloads import pack
 from raysim.scenario.schema import actors_that_fit
+from raysim.startup import STARTUP
 from raysim.engine.interrupts import deferred_signals
 from raysim.errors import (RunError, ScenarioError, SchedulerLost,  # SchedulerLost: what RemoteScheduler raises
                            first_line, last_line)
@@ -265,8 +266,10 @@ class RayRuntime:
             # otherwise) and warns that it did: this cluster is the run's own, the warning is noise
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             options = dict(address="local", num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False)
+            STARTUP.info(f"starting Ray ({int(cpus)} CPUs{f', {gpus:g} GPUs' if gpus else ''}) …")
         else:
             options = dict(address=address)
+            STARTUP.info(f"joining the Ray cluster at {address} …")
         try:
             # Ctrl-C waits for ray.init to return: raised inside it, KeyboardInterrupt can leave a
             # lock of the logging module held, and the clean-up below then hangs on it
@@ -288,6 +291,7 @@ class RayRuntime:
         self.start()
         nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n["Alive"]]
         self.num_actors = plan_actors(cfg, nodes)
+        STARTUP.info(f"starting {self.num_actors} client actor{'s' if self.num_actors != 1 else ''} …")
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
         self._group = placement_group([_bundle(cfg)] * self.num_actors,
                                       strategy="SPREAD" if cfg.placement == "spread" else "PACK")

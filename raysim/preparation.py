@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
+from raysim.data.kinds import CLIENTS_FROM_FILES
 from raysim.footprint import check_fits
 from raysim.output import OutputDir
 from raysim.scenario import Scenario, scenario_object, to_yaml
 from raysim.scenario.validate import check_data_set, check_model
+from raysim.startup import STARTUP
 from raysim.system import SystemModel
 
 LARGE_EVALUATION = 100_000  # clients: above this, evaluating every one of them built on demand gets a note
@@ -62,6 +64,8 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
         print(f"note: drawing the statistics of all {d.num_clients:,} quadratic clients once, for θ*, the smoothness "
               "constants and the exact metrics (a pass over every client, kept only without data.on_demand)",
               file=sys.stderr)
+    clients = "" if d.kind in CLIENTS_FROM_FILES else f", {d.num_clients:,} clients"
+    STARTUP.info(f"building the data set ({d.kind}{clients}) …")
     dataset = build_dataset(cfg.data, cfg.seed)
     check_data_set(cfg, dataset)
     if isinstance(dataset, GeneratedDataset) and cfg.eval.clients is None and dataset.num_clients > LARGE_EVALUATION:
@@ -76,6 +80,7 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
         if resuming is not None:
             resuming.check_still_in(output)
         scenario, text = scenario_object(cfg), to_yaml(cfg)
+        STARTUP.info(f"building the model ({cfg.model.kind}) …")
         if meanwhile is None:
             return Prepared(dataset, _build_model(cfg, dataset), output, scenario, text)
         with ThreadPoolExecutor(1, thread_name_prefix="raysim-model") as pool:

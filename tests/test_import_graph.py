@@ -127,6 +127,7 @@ def test_importing_the_scenario_schema_loads_no_data_loader_torch_or_pyarrow():
 
 LAYERS = (  # bottom up; a module sits in the layer of the longest name that holds it (NAME$: that module alone)
     ("raysim.errors", "raysim.importing", "raysim.robust_f", "raysim.streams", "raysim.threads", "raysim.import_path",
+     "raysim.startup",
      "raysim.schema", "raysim.measure", "raysim.data.kinds", "raysim.algorithms.aggregator_catalog",
      "raysim.system.config", "raysim.algorithms$",
      "raysim.data$", "raysim.system$"),  # the ground floor, and the packages that load their modules lazily
