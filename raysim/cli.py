@@ -38,6 +38,10 @@ class ProgressBar:
         if self.bar is None:  # tqdm's rate counts from the first report, not from 0 in no time
             from tqdm import tqdm
 
+            from raysim.startup import erase_startup
+
+            erase_startup()
+
             self.bar = tqdm(total=self.total, initial=done, unit="round" if self.sync else "update",
                             disable=not self.enabled, dynamic_ncols=True)
         self.bar.update(done - self.bar.n)
@@ -69,6 +73,9 @@ class ProgressBar:
         print(f"{'round' if self.sync else 'update'} {done}{total}{accuracy}{clock}", file=sys.stderr, flush=True)
 
     def close(self):
+        from raysim.startup import erase_startup
+
+        erase_startup()  # a run that ends before its first report leaves no status line behind
         if self.bar is not None:
             self.bar.close()
 
@@ -459,6 +466,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _print_error(exc: Exception) -> None:
     """``error: <message>`` on stderr, each line of the message shortened to SHOWN_LINE characters."""
+    from raysim.startup import erase_startup
+
+    erase_startup()
     print("error: " + "\n".join(shortened(line, SHOWN_LINE) for line in str(exc).splitlines()), file=sys.stderr)
 
 
@@ -487,6 +497,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated); a run's own line once it has started
         how = "terminated" if terminated() else "interrupted"
         starting = args.command in ("run", "resume")
+        from raysim.startup import erase_startup
+
+        erase_startup()
         print(str(exc) or (f"{how} before the run started: nothing was written" if starting else how), file=sys.stderr)
         return Terminated.EXIT_STATUS if terminated() else EXIT_INTERRUPTED
 

@@ -83,23 +83,54 @@ def test_dry_run_lists_a_custom_module_from_outside_the_repository(tmp_path):
         "the job would run: python -m raysim.cli run submitted/mine.yaml algorithm.name=my_ext.parts:Damped")
 
 
-def test_a_run_without_a_terminal_prints_its_start_up_progress_lines_and_closing_line(tmp_path):
-    """What a job's logs hold, and what --follow streams: tqdm's bar is for terminals only."""
+def test_a_run_without_a_terminal_prints_progress_lines_and_its_closing_line(tmp_path):
+    """What a job's logs hold, and what --follow streams: tqdm's bar and the status line are for terminals."""
     done = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "scenarios/quickstart.yaml",
                            "execution.rounds=3", "runtime.backend=local", f"output.dir={tmp_path}"],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
-    err = done.stderr.splitlines()
-    assert err[:2] == ["building the data set (gaussian_mixture, 100 clients) …", "building the model (mlp) …"]
-    assert err[-1].startswith("round 3/3, test accuracy 0.") and "\r" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("round 3/3, test accuracy 0.") and "\r" not in done.stderr
     assert done.stdout.startswith("quickstart: 3 rounds, 60 client updates, final test accuracy 0.")
 
 
-def test_an_embedded_ray_run_says_when_it_starts_ray_and_its_actors(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "scenarios/quickstart.yaml",
-                           "execution.rounds=1", "runtime.num_cpus=2", f"output.dir={tmp_path}"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stderr
-    err = done.stderr.splitlines()
-    assert "starting Ray (2 CPUs) …" in err and "starting 2 client actors …" in err
-    assert err.index("starting Ray (2 CPUs) …") < err.index("starting 2 client actors …") < len(err) - 1
+def on_a_terminal(*args) -> tuple[int, str]:
+    """``raysim ARGS`` with stdout and stderr on a pseudo-terminal: (exit status, what it showed)."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=follower, stderr=follower,
+                            cwd=REPO, env={**os.environ, "COLUMNS": "200"})
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process has exited
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return proc.wait(timeout=300), shown.decode(errors="replace")
+
+
+def test_on_a_terminal_start_up_shows_its_stages_as_a_status_line(tmp_path):
+    """Start-up was 6-8 s of silence before the progress bar."""
+    status, shown = on_a_terminal("run", "scenarios/quickstart.yaml", "execution.rounds=1", "runtime.num_cpus=2",
+                                  f"output.dir={tmp_path}")
+    assert status == 0, shown
+    stages = ["building the data set (gaussian_mixture, 100 clients) …", "building the model (mlp) …",
+              "starting Ray (2 CPUs) …", "starting 2 client actors …"]
+    at = [shown.index("\r\x1b[K" + stage) for stage in stages]
+    assert at == sorted(at)  # in order, each replacing the one before
+    assert shown.index("\r\x1b[K", at[-1] + 1) < shown.index("quickstart: 1 rounds")  # erased, then the bar
+
+
+def test_on_a_terminal_bad_input_found_while_building_is_still_one_line(tmp_path):
+    status, shown = on_a_terminal("run", "scenarios/quickstart.yaml", "data.kind=digits", "data.num_clients=500",
+                                  "data.partition.kind=dirichlet", "runtime.backend=local", f"output.dir={tmp_path}")
+    assert status == 2
+    visible = shown.split("\r\x1b[K")[-1]  # what stays on the screen once the status line is erased
+    assert visible.strip().startswith("error: data.num_clients = 500: expected a population Dirichlet")
+    assert len(visible.strip().splitlines()) == 1
