@@ -44,10 +44,12 @@ def make_runtime(cfg):
     return RayRuntime(cfg.runtime)
 
 
-def execute(cfg, progress=None, began: float | None = None, checkpoint=None, freeze: bool = False):
+def execute(cfg, progress=None, began: float | None = None, checkpoint=None, freeze: bool = False,
+            replace: bool = False):
     """Prepare and run a loaded scenario on the runtime it names, then close the runtime; returns
-    (summary, prepared). ``checkpoint`` resumes a run; ``freeze`` loads libraries, data and model
-    as long-lived objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
+    (summary, prepared). ``checkpoint`` resumes a run; ``replace`` replaces an earlier run in the
+    output directory (else it is refused); ``freeze`` loads libraries, data and model as long-lived
+    objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
     from contextlib import nullcontext
 
     from raysim.long_lived import long_lived
@@ -56,7 +58,8 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     runtime = make_runtime(cfg)
     try:
         with long_lived() if freeze else nullcontext():
-            prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint)  # Ray starts while torch loads
+            prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint,  # Ray starts while torch loads
+                               replace=replace)
         from raysim.engine.run import run_scenario  # torch: loaded by now, beside Ray's start-up
 
         summary = run_scenario(prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
@@ -65,15 +68,16 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     return summary, prepared
 
 
-def run(scenario, overrides: Sequence[str] = (), progress=None) -> RunResult:
+def run(scenario, overrides: Sequence[str] = (), progress=None, replace: bool = False) -> RunResult:
     """Run ``scenario`` (a YAML path, or a mapping of scenario keys) with ``key=value`` (and
     ``~key``: unset) ``overrides``, as ``raysim run`` does; bad input raises :class:`raysim.errors.ScenarioError`
-    before any runtime starts, a failed run :class:`raysim.errors.RunError` (rows written so far
-    stay in the output directory). ``progress(report)`` sees each report of the scheduler."""
+    before any runtime starts (an earlier run in the output directory too, unless ``replace``), a
+    failed run :class:`raysim.errors.RunError` (rows written so far stay in the output directory).
+    ``progress(report)`` sees each report of the scheduler."""
     from raysim.scenario import load_scenario
 
     cfg = load_scenario(scenario, list(overrides))
-    return _result(cfg, *execute(cfg, progress))
+    return _result(cfg, *execute(cfg, progress, replace=replace))
 
 
 def resume(run_dir: str, overrides: Sequence[str] = (), progress=None) -> RunResult:

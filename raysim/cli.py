@@ -114,7 +114,7 @@ def _execute(cfg, args, began: float, checkpoint=None) -> int:
 
         show_startup()
     try:
-        summary, _ = execute(cfg, bar, began, checkpoint, freeze=True)
+        summary, _ = execute(cfg, bar, began, checkpoint, freeze=True, replace=getattr(args, "replace", False))
     except RunError as exc:
         raise RunError(f"{exc}\nmetrics written so far are in {cfg.output.dir}") from None
     except KeyboardInterrupt as exc:  # main() prints this line
@@ -377,6 +377,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. algorithm.lr=0.1; ~key "
                                                               "unsets a key the file sets")
     run.add_argument("--quiet", action="store_true", help="no progress bar or closing line")
+    run.add_argument("--replace", action="store_true", help="replace the earlier run in the output directory "
+                                                            "(its own files only; without it, such a run is refused)")
     run.set_defaults(func=cmd_run)
     res = sub.add_parser("resume", help="continue a stopped run from its checkpoint (same results as if it had "
                                         "never stopped)")

@@ -44,13 +44,14 @@ class Prepared:
 
 
 def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | None = None,
-            resuming: Checkpoint | None = None) -> Prepared:
+            resuming: Checkpoint | None = None, replace: bool = False) -> Prepared:
     """Everything that can fail on bad input: the memory estimate (:func:`raysim.footprint.check_fits`,
     before anything big is allocated), data set (and the algorithm's checks against it), system
     model (trace files), output directory (created and claimed for this run — see
     :meth:`OutputDir.claim` — unless ``create_output`` is false), then the model.
     :func:`raysim.engine.run.run_scenario` releases the directory. ``resuming``: the checkpoint a resumed run goes on
-    from, checked once the directory is claimed to be still there unchanged.
+    from, checked once the directory is claimed to be still there unchanged. A new run refuses a directory that
+    holds an earlier run unless ``replace`` (:meth:`OutputDir.take_over`).
 
     ``meanwhile`` (``runtime.start``: Ray's start-up) runs in this thread once everything but
     the model has been checked, while a helper thread imports torch and builds the model:
@@ -79,6 +80,9 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
     try:
         if resuming is not None:
             resuming.check_still_in(output)
+            output.clear_temporary()  # what a kill mid-write left
+        elif create_output:
+            output.take_over(replace)
         scenario, text = scenario_object(cfg), to_yaml(cfg)
         STARTUP.info(f"building the model ({cfg.model.kind}) …")
         if meanwhile is None:

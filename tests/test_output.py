@@ -46,9 +46,11 @@ def test_in_memory_filesystem(tmp_path):
 
 
 def test_bad_output_uri_is_an_input_error(tmp_path):
-    cfg = small_scenario(tmp_path, "output.dir=nosuchfs://bucket/run")
-    with pytest.raises(ScenarioError, match=r"^output.dir = 'nosuchfs://bucket/run': expected a writable local path"):
-        prepare(cfg)
+    with pytest.raises(ScenarioError, match=r"^output.dir = 'nosuchfs://bucket/run': expected a local path or a "
+                                            r"URI of a lasting filesystem \(file://, s3://"):
+        small_scenario(tmp_path, "output.dir=nosuchfs://bucket/run")
+    with pytest.raises(ScenarioError, match=r"^output.dir = 'hdfs://nowhere:1/run': expected a writable local path"):
+        OutputDir.open("hdfs://nowhere:1/run")
 
 
 def test_writes_are_atomic_and_a_failed_one_keeps_the_old_file(tmp_path):
@@ -122,18 +124,28 @@ def test_claims_on_another_filesystem_and_release_removes_only_our_lock():
     assert memory.get_file_info(f"bucket/run/{LOCK}").type == pafs.FileType.NotFound
 
 
-def test_clear_run_files_removes_an_earlier_run_and_keeps_the_users_files(tmp_path):
+def test_replacing_an_earlier_run_removes_the_files_its_record_lists_and_keeps_the_users(tmp_path):
+    from raysim.output.directory import RECORD
+
     run = tmp_path / "run"
-    out = OutputDir.open(str(run))
+    out = OutputDir.open(str(run)).claim()
+    out.take_over(replace=False)  # an empty directory: this run's record is written
     for name in ["scenario.yaml", "summary.json", "model.pt", "checkpoint.pt", "events.parquet",
-                 ".summary.json.0123abcd.tmp", "rounds.parquet.tmp", "accuracy_vs_wall_time.png", "timeline.png",
-                 "notes.txt", "my_plot.png", "data.parquet", "draft.tmp"]:
+                 ".summary.json.0123abcd.tmp", "accuracy_vs_wall_time.png", "notes.txt", "my_plot.png",
+                 "data.parquet", "draft.tmp"]:
         (run / name).write_bytes(b"x")
     (run / "rounds.parquet").mkdir()
     (run / "rounds.parquet/part-000000000000-000000000001-0.parquet").write_bytes(b"x")
-    out.claim()
-    out.clear_run_files()
-    assert sorted(os.listdir(run)) == [LOCK, "data.parquet", "draft.tmp", "my_plot.png", "notes.txt"]
+    with pytest.raises(ScenarioError, match=r"expected a directory without an earlier run \(it holds one, status unknown"):
+        out.take_over(replace=False)
+    out.record_written(["accuracy_vs_wall_time.png"])  # a report into the run's directory
+    out.take_over(replace=True)
+    assert sorted(os.listdir(run)) == sorted([LOCK, RECORD, "data.parquet", "draft.tmp", "my_plot.png", "notes.txt"])
+    os.remove(run / RECORD)
+    (run / "summary.json").write_bytes(b"the user's own")
+    with pytest.raises(ScenarioError, match=r"without results raysim did not record writing \(it holds summary.json"):
+        out.take_over(replace=True)
+    assert (run / "summary.json").read_bytes() == b"the user's own"
 
 
 def _limited_file_size(limit: int):

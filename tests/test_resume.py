@@ -172,7 +172,7 @@ def test_a_failed_run_replaces_the_earlier_run_and_says_it_failed(tmp_path):
     assert first.summary["status"] == "completed"
     assert {"model.pt", "summary.json", "rounds.parquet"} <= set(os.listdir(first.output_dir))
     with pytest.raises(RunError, match="diverged"):
-        raysim.run(small_scenario(tmp_path, "algorithm.lr=1e12", "seed=3"))
+        raysim.run(small_scenario(tmp_path, "algorithm.lr=1e12", "seed=3"), replace=True)
     files = set(os.listdir(first.output_dir))
     assert "model.pt" not in files  # the earlier run's model is gone, not presented as this run's
     summary = _summary(first.output_dir)

@@ -30,7 +30,7 @@ def run_raysim(workload: str, out: Path, baseline: Path | None = None) -> dict:
     checkout runs the checkout's own scenario file of the workload."""
     run_dir = (out / workload / ("baseline" if baseline else "raysim")).resolve()
     scenario = (baseline / "scenarios" / "bench" if baseline else SCENARIOS) / f"{workload}.yaml"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(scenario), "--quiet", f"output.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(scenario), "--quiet", "--replace", f"output.dir={run_dir}"]
     env = None
     if baseline:  # the checkout's package first on the path, for the driver and (inherited) Ray's workers;
         # run from the checkout too, since `python -m` puts the working directory (maybe this checkout) first

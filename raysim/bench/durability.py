@@ -40,7 +40,8 @@ def _summary(run_dir: Path) -> dict:
 def checkpoint_cost(out: Path) -> dict:
     """W1 with a checkpoint after every round: seconds and bytes per checkpoint, share of a round."""
     run_dir = out / "checkpoint_every_round"
-    figures = measure(_cli("run", str(SCENARIOS / "w1.yaml"), f"output.dir={run_dir}", "output.checkpoint_every=1"))
+    figures = measure(_cli("run", "--replace", str(SCENARIOS / "w1.yaml"), f"output.dir={run_dir}",
+                           "output.checkpoint_every=1"))
     summary = _summary(run_dir)
     rounds = pq.read_table(run_dir / "rounds.parquet").to_pydict()
     per_round = statistics.median(c / u for c, u in zip(rounds["clients"][1:], rounds["updates_per_second"][1:]))
@@ -53,10 +54,10 @@ def checkpoint_cost(out: Path) -> dict:
 def resume_cost(out: Path) -> dict:
     """W1 uninterrupted, and W1 stopped by SIGINT after its first checkpoint then resumed."""
     whole = out / "uninterrupted"
-    reference = measure(_cli("run", str(SCENARIOS / "w1.yaml"), f"output.dir={whole}"))
+    reference = measure(_cli("run", "--replace", str(SCENARIOS / "w1.yaml"), f"output.dir={whole}"))
     stopped = out / "interrupted"
     began = time.perf_counter()
-    proc = subprocess.Popen(_cli("run", str(SCENARIOS / "w1.yaml"), f"output.dir={stopped}",
+    proc = subprocess.Popen(_cli("run", "--replace", str(SCENARIOS / "w1.yaml"), f"output.dir={stopped}",
                                  "output.checkpoint_every=2"))
     while not (stopped / "checkpoint.pt").exists() and proc.poll() is None:
         time.sleep(0.05)
@@ -75,7 +76,7 @@ def resume_cost(out: Path) -> dict:
 def driver_memory(out: Path, events: int, interval: float = 1.0) -> dict:
     """RSS of the driver process over a FedAsync run of ``events`` applied updates."""
     run_dir = out / "long_async"
-    proc = subprocess.Popen(_cli("run", str(SCENARIOS / "scheduler.yaml"), f"output.dir={run_dir}",
+    proc = subprocess.Popen(_cli("run", "--replace", str(SCENARIOS / "scheduler.yaml"), f"output.dir={run_dir}",
                                  f"execution.max_updates={events}", "execution.concurrency=1000",
                                  "data.num_clients=5000"))
     driver = psutil.Process(proc.pid)

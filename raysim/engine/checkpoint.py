@@ -5,7 +5,10 @@ A :class:`Checkpoint` is taken between two server steps. Besides the
 written after it are dropped on resume and produced again, identically), the running totals the
 summary needs, and the wall time of the run so far (wall-clock columns go on from it).
 ``checkpoint.pt`` is written whole under a temporary name, then renamed: a reader sees the previous
-checkpoint or the new one, never a part.
+checkpoint or the new one, never a part. It is bound to itself and to its run: its content travels as
+bytes beside their SHA-256 (a changed byte is refused, not read as another state), with the keys of
+the scenario that decide the run's results (:func:`raysim.scenario.schema.result_keys`), so that
+a resume of an edited scenario is refused.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import torch
 from raysim.engine.run_state import RunState
 from raysim.errors import ScenarioError
 from raysim.output.directory import CHECKPOINT
-FORMAT = 3  # 2: the server pipeline's stage states replace format 1's honest_seen and momentum;
-# 3: per-client stage state as raysim.pipeline.per_client trees
+FORMAT = 4  # 2: the server pipeline's stage states replace format 1's honest_seen and momentum;
+# 3: per-client stage state as raysim.pipeline.per_client trees; 4: the content as bytes with their SHA-256,
+# and the scenario's result keys
 
 
 @dataclass
@@ -31,6 +35,7 @@ class Checkpoint:
     log_rows: dict  # log file name -> rows it held
     tally: dict  # running totals for the summary (plain content, see raysim.engine.run.Tally)
     wall_seconds: float  # wall time of the scheduler when the state was taken
+    scenario: dict  # the scenario's result keys (raysim.scenario.schema.result_keys)
     nbytes: int = 0  # the size of checkpoint.pt once saved or loaded
     digest: str = ""  # the SHA-256 of checkpoint.pt once loaded
 
@@ -42,9 +47,12 @@ class Checkpoint:
     def save(self, out) -> int:
         """Write ``checkpoint.pt`` into ``out`` (an OutputDir), replacing the previous one atomically;
         returns its size in bytes."""
+        body = io.BytesIO()
+        torch.save({"state": self.state.content(), "log_rows": self.log_rows, "tally": self.tally,
+                    "wall_seconds": self.wall_seconds, "scenario": self.scenario}, body)
+        body = body.getvalue()
         buffer = io.BytesIO()
-        torch.save({"format": FORMAT, "state": self.state.content(), "log_rows": self.log_rows,
-                    "tally": self.tally, "wall_seconds": self.wall_seconds}, buffer)
+        torch.save({"format": FORMAT, "body": body, "sha256": hashlib.sha256(body).hexdigest()}, buffer)
         out.write_bytes(CHECKPOINT, buffer.getvalue())
         self.nbytes = buffer.tell()
         return self.nbytes
@@ -54,12 +62,17 @@ class Checkpoint:
         """Read ``checkpoint.pt`` of ``out`` (FileNotFoundError if there is none)."""
         with out.reader(CHECKPOINT) as stream:
             data = stream.read()
-        content = torch.load(io.BytesIO(data), weights_only=True)
-        if content.get("format") != FORMAT:
-            raise ValueError(f"{out.path(CHECKPOINT)} has checkpoint format {content.get('format')!r}, "
-                             f"this raysim reads format {FORMAT}")
+        outer = torch.load(io.BytesIO(data), weights_only=True)
+        if not isinstance(outer, dict) or outer.get("format") != FORMAT:
+            found = outer.get("format") if isinstance(outer, dict) else None
+            raise ValueError(f"{out.path(CHECKPOINT)} has checkpoint format {found!r}, this raysim reads format "
+                             f"{FORMAT}")
+        if hashlib.sha256(outer["body"]).hexdigest() != outer["sha256"]:
+            raise ValueError(f"{out.path(CHECKPOINT)} does not match its own SHA-256: it was changed or damaged "
+                             "after it was written")
+        content = torch.load(io.BytesIO(outer["body"]), weights_only=True)
         return cls(RunState.from_content(content["state"]), content["log_rows"], content["tally"],
-                   content["wall_seconds"], len(data), hashlib.sha256(data).hexdigest())
+                   content["wall_seconds"], content["scenario"], len(data), hashlib.sha256(data).hexdigest())
 
     def check_still_in(self, out) -> None:
         """Raise ScenarioError unless ``out`` still holds the checkpoint.pt this was loaded from:

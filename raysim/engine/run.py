@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
+from raysim.scenario.schema import result_keys
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import deferred_signals
 from raysim.engine.run_evaluation import evaluates_on_hosts
@@ -90,15 +91,14 @@ def run_scenario(prepared, runtime, progress=None, began: float | None = None,
     SchedulerActor). ``progress(report)`` gets each report of the scheduler;
     ``began`` (a ``time.perf_counter()`` value) is where ``wall_seconds`` starts counting.
     With a ``checkpoint`` (:meth:`Checkpoint.load` of the output directory) the run goes on from
-    it; otherwise files of an earlier run in the output directory are removed first.
+    it.
     Errors of the run (divergence, no client available, lost actors, disk errors) are raised
     after the rows produced so far and a summary with ``status: failed`` are written; Ctrl-C and
     SIGTERM after a checkpoint and a summary with ``status: interrupted``.
     """
     began = time.perf_counter() if began is None else began
     try:
-        if checkpoint is None:
-            prepared.output.clear_run_files()
+        if checkpoint is None:  # prepare has taken the directory over (an earlier run's files are gone)
             prepared.output.write_text("scenario.yaml", prepared.scenario_yaml)
         return RunLoop(prepared, runtime, began, checkpoint).execute(progress)
     finally:
@@ -112,7 +112,9 @@ class RunLoop:
         cfg = self.cfg = prepared.scenario  # plain dataclasses, as the scheduler and the client hosts get it
         self.prepared, self.runtime = prepared, runtime
         self.out = prepared.output
+        self.result_keys = result_keys(cfg)  # every checkpoint holds them: a resume refuses an edited scenario
         self.checkpoint = checkpoint  # the latest: resumed from, or restarted from if the scheduler is lost
+        self.resumed_from = checkpoint  # the checkpoint this process went on from (None: a new run)
         self.began = began - (checkpoint.wall_seconds if checkpoint is not None else 0.0)
         self.scheduler = None
         self.logs: dict = {}
@@ -241,7 +243,7 @@ class RunLoop:
 
     def _take_checkpoint(self) -> Checkpoint:
         return Checkpoint(self.scheduler.run_state(), {name: log.rows for name, log in self.logs.items()},
-                          asdict(self.tally), self.report.get("wall", 0.0))
+                          asdict(self.tally), self.report.get("wall", 0.0), self.result_keys)
 
     def _save_checkpoint(self) -> None:
         """Flush the logs, then write the run state with their row counts (``checkpoint.pt``). The
@@ -329,7 +331,9 @@ class RunLoop:
             "evaluated_on": None if cfg.data.kind == "quadratic" else "actors" if evaluates_on_hosts(cfg) else "driver",
             "data_on_demand": self.prepared.dataset.on_demand,
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
-            "wall_seconds": time.perf_counter() - self.began,
+            "wall_seconds": time.perf_counter() - self.began,  # this process's; rounds' wall_time goes on from
+            "resumed_at_step": None if self.resumed_from is None else self.resumed_from.version,  # the checkpoint's
+            "wall_seconds_before_resume": None if self.resumed_from is None else self.resumed_from.wall_seconds,
             "steady_updates_per_second": self.tally.steady_rate(),
             "checkpoints": dict(self.tally.checkpoints), "scheduler_restarts": self.restarts,
             "system": final.get("system"), "actors": self.runtime.describe() if final else [],

@@ -81,6 +81,7 @@ REPORT_HTML = "report.html"
 TENSORBOARD_DIR = "tensorboard"
 """The TensorBoard event files of a run with ``output.tensorboard: true``."""
 LOCK = ".raysim.lock"
+RECORD = ".raysim.run"  # the files the run in the directory wrote (only those are ever replaced)
 READ_ATTEMPTS = 5  # listings of a live log's parts tried by read_table (a merge may delete one meanwhile)
 _LOCK_FIELDS = ("pid", "host", "process_started", "run_started")
 
@@ -216,15 +217,65 @@ class OutputDir:
                 if attempt == READ_ATTEMPTS - 1:
                     raise
 
-    def clear_run_files(self) -> None:
-        """Remove what an earlier run left: :data:`RUN_FILES` (a log's file or parts directory),
-        the report's files, the TensorBoard directory and temporary files of those names; any other
-        file stays."""
-        names = RUN_FILES + tuple(PLOTS) + (REPORT_HTML, TENSORBOARD_DIR)
+    def take_over(self, replace: bool) -> None:
+        """Make the (claimed) directory a new run's. An earlier run there is refused with a
+        ScenarioError naming output.dir, unless ``replace``: then the files its record
+        (:data:`RECORD`) lists are removed, with their temporary files, and nothing else. Files
+        of raysim's names that no record lists are never removed: they are refused, replace or not.
+        Then this run's record is written: the files it (and a report into it) writes."""
+        record, present = self._record(), self._run_files_present()
+        if record is None and present:
+            raise ScenarioError("output.dir", self.root, f"a directory without results raysim did not record "
+                                f"writing (it holds {', '.join(present)}, but no {RECORD}): choose another "
+                                "output.dir, or move those files away")
+        if record is not None:
+            if not replace:
+                raise ScenarioError("output.dir", self.root, self._earlier_run_text())
+            names = tuple(record)
+            for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
+                base = info.base_name
+                if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):
+                    self.remove(base)
+        self.write_text(RECORD, json.dumps({"files": list(RUN_FILES) + [TENSORBOARD_DIR]}))
+
+    def record_written(self, names) -> None:
+        """Add ``names`` (a report's files) to the record of the run in this directory, if it has one."""
+        record = self._record()
+        if record is not None:
+            self.write_text(RECORD, json.dumps({"files": list(dict.fromkeys([*record, *names]))}))
+
+    def clear_temporary(self) -> None:
+        """Remove the temporary files a writer killed mid-write left (``.<name>.<random>.tmp``)."""
         for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
-            base = info.base_name
-            if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):
-                self.remove(base)
+            if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
+                self.remove(info.base_name)
+
+    def _record(self) -> list | None:
+        """The files the record of the run in this directory lists (None: no record)."""
+        try:
+            return list(json.loads(self.read_bytes(RECORD))["files"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged record cannot tell that run's files apart: as if there were none
+
+    def _run_files_present(self) -> list:
+        names = RUN_FILES + tuple(PLOTS) + (REPORT_HTML, TENSORBOARD_DIR)
+        return sorted(info.base_name for info in self.fs.get_file_info(pafs.FileSelector(self.root,
+                                                                                          allow_not_found=True))
+                      if info.base_name in names)
+
+    def _earlier_run_text(self) -> str:
+        """What output.dir must be when an earlier run's files are there, by that run's status."""
+        try:
+            status = json.loads(self.read_bytes("summary.json")).get("status", "unknown")
+        except FileNotFoundError:
+            status = "interrupted" if CHECKPOINT in self._run_files_present() else "unfinished"
+        except (ValueError, AttributeError):
+            status = "unknown"
+        go_on = f"; raysim resume {self.root} goes on with it" if status in ("interrupted", "failed") else ""
+        return (f"a directory without an earlier run (it holds one, status {status}{go_on}): run with --replace to "
+                "replace that run's files, or choose another name= or output.dir=")
 
     def claim(self, holder: str = "run") -> "OutputDir":
         """Take the directory for this run (or another ``holder``: a sweep): write the lock file

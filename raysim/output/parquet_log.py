@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raysim.errors import RunError
+from raysim.errors import RunError, first_line
 
 FANOUT = 4
 ROW_GROUP_ROWS = 65_536  # rows per Parquet row group of the parts
@@ -72,6 +72,28 @@ def log_files(fs: pafs.FileSystem, path: str) -> list[str]:
     if fs.get_file_info(path).type == pafs.FileType.File:
         return [path]
     return [f"{path}/{part.name}" for part in _live(_parts(_listing(fs, path)))]
+
+
+def check_log(fs: pafs.FileSystem, path: str, rows: int) -> None:
+    """ValueError, one line, unless the log at ``path`` holds its first ``rows`` rows whole: parts
+    that follow each other from row 0 (none missing) and each part file readable, with the rows
+    its name says."""
+    live = _live(_parts(_listing(fs, path)))
+    reach = 0
+    for part in live:
+        if reach >= rows:
+            break
+        if part.first > reach:
+            raise ValueError(f"{path} lacks rows {reach} to {part.first - 1} (a part file is missing)")
+        try:
+            held = pq.read_metadata(f"{path}/{part.name}", filesystem=fs).num_rows
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"{path}/{part.name} is not a readable Parquet file ({first_line(exc)})") from None
+        if held != part.end - part.first:
+            raise ValueError(f"{path}/{part.name} holds {held} rows, not the {part.end - part.first} its name says")
+        reach = part.end
+    if reach < rows:
+        raise ValueError(f"{path} holds {reach} rows, fewer than the {rows} its checkpoint counted")
 
 
 class ParquetLog:

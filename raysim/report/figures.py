@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from raysim.errors import ScenarioError
+from raysim.errors import ScenarioError, first_line
 from raysim.output.directory import (DIAGNOSTICS, PLOTS, REPORT_HTML, SERVER_DIAGNOSTIC, OutputDir, applied,
                                      table_arrays)
 from raysim.report.html import number_text, report_html, seconds_text
@@ -116,6 +116,7 @@ def write_report(run_dirs: list[str], out_dir: str | None = None, target: float 
         images[name] = buffer.getvalue()
         out.write_bytes(name, images[name])
     out.write_text(REPORT_HTML, report_html(runs, images, target))
+    out.record_written([*PLOTS, REPORT_HTML])  # in a run's directory: replaced with that run
     return [out.path(name) for name in [*images, REPORT_HTML]]
 
 
@@ -129,12 +130,18 @@ def load_runs(run_dirs: list[str]) -> list[SavedRun]:
         if out.fs.get_file_info(out.path("rounds.parquet")).type == pafs.FileType.NotFound:
             raise ScenarioError("report", path, "a run directory (one with rounds.parquet)")
     summaries = [_read_text(out, "summary.json", json.loads) for out in outs]
+    summaries = [s if isinstance(s, dict) else None for s in summaries]  # unreadable: as if missing
     labels = run_labels([s and s.get("name") for s in summaries], run_dirs)
-    owns = [own_diagnostics(out) for out in outs]
-    return [SavedRun(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS + own),
-                read_columns(out, "events.parquet", _EVENT_COLUMNS), summary,
-                _read_text(out, "scenario.yaml", yaml.safe_load), own)
-            for label, out, summary, own in zip(labels, outs, summaries, owns)]
+    runs = []
+    for path, label, out, summary in zip(run_dirs, labels, outs, summaries):
+        try:
+            own = own_diagnostics(out)
+            runs.append(SavedRun(label, read_columns(out, "rounds.parquet", _ROUND_COLUMNS + own),
+                                 read_columns(out, "events.parquet", _EVENT_COLUMNS), summary,
+                                 _read_text(out, "scenario.yaml", yaml.safe_load), own))
+        except (OSError, pa.ArrowException) as exc:  # a damaged part
+            raise ScenarioError("report", path, f"a run directory whose logs are readable ({first_line(exc)})") from None
+    return runs
 
 
 def own_diagnostics(out: OutputDir) -> tuple[str, ...]:

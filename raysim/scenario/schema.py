@@ -9,6 +9,8 @@ Importing this module loads no data loader, no torch and no pyarrow.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -211,6 +213,28 @@ def clients_per_task(cfg) -> int:
     return max(1, min(MAX_AUTO_CLIENTS_PER_TASK[ex.mode], share))
 
 
+RESUMABLE_KEYS = ("runtime.", "data.on_demand", "data.cache_mb", "output.flush_seconds", "output.checkpoint_every",
+                  "output.checkpoint_seconds")
+"""The keys a resume may override: where a run executes, where client rows are built and how often it
+writes, none of which changes its results."""
+
+
+def result_keys(scenario) -> dict:
+    """{dotted key: value as JSON text} of every key of ``scenario`` (the plain dataclasses a run
+    reads) that decides its results: all but :data:`RESUMABLE_KEYS` and ``output.dir`` (a run
+    directory may move). A checkpoint holds them, so that a resume refuses an edited scenario."""
+    def flat(value, prefix: str):
+        if dataclasses.is_dataclass(value):
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from flat(v, f"{prefix}{k}.")
+        else:
+            yield prefix[:-1], json.dumps(value, sort_keys=True, default=repr)
+
+    return {k: v for k, v in flat(scenario, "") if not k.startswith(RESUMABLE_KEYS) and k != "output.dir"}
+
+
 ADAPTS = Rule(lambda cfg: cfg.eval.personalized_steps > 0 or cfg.eval.personalized_epochs > 0,
               "eval.personalized_steps > 0 or eval.personalized_epochs > 0", lambda cfg: "both are 0")
 
@@ -249,7 +273,7 @@ class OutputConfig:
     """Where results go."""
 
     dir: str = key("results/${name}", "the run's directory: a path, or a URI pyarrow understands (s3://..., "
-                                      "gs://...); an earlier run's files there are removed first")
+                                      "gs://...); an earlier run there is refused unless raysim run --replace")
     save_model: bool = key(True, "write the final model, model.pt")
     flush_seconds: float = key(2.0, "new rows reach the Parquet logs at least this often (and at every checkpoint)",
                                check=non_negative)

@@ -29,6 +29,7 @@ from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, ina
 from raysim.system import validate_system
 from raysim.system.config import OMNISCIENT_ATTACKS, byzantine_count
 
+OUTPUT_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "abfs", "abfss")  # pyarrow's, but its in-memory mock://
 CURVATURE_MAX_PARAMETERS = 2000  # eval.curvature's full float64 Hessian: at most 32 MB, and P passes per evaluation
 
 
@@ -74,8 +75,8 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     """Check every value of a merged scenario, then that none of the ``explicit`` keys (dotted
     paths the scenario sets) would be ignored; raise ScenarioError on the first bad one (for
     one of ``unsettable``, set by the scenario rather than an override, it names ``~KEY``)."""
-    require(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)), "name", cfg.name,
-            "a non-empty name of letters, digits, '.', '_' or '-'")
+    require(bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", cfg.name)) and cfg.name.strip(".") != "", "name", cfg.name,
+            "a non-empty name of letters, digits, '.', '_' or '-', not only dots (it names the run's directory)")
     require(0 <= cfg.seed <= INT64_MAX, "seed", cfg.seed, f"an integer in [0, {INT64_MAX}]")
     check_num_clients(cfg.data.num_clients)
     check_numbers(cfg)
@@ -193,6 +194,9 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
         check_eval_clients(v.clients, d.num_clients)
 
     require(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
+    scheme = str(cfg.output.dir).partition("://")[0] if "://" in str(cfg.output.dir) else None
+    require(scheme is None or scheme in OUTPUT_SCHEMES, "output.dir", cfg.output.dir,
+            f"a local path or a URI of a lasting filesystem ({', '.join(s + '://' for s in OUTPUT_SCHEMES)})")
     check_values(cfg, OutputConfig, "output")
     from raysim.output.tensorboard import check_tensorboard  # pyarrow: loaded by the run, not by validation
 

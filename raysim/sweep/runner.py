@@ -130,7 +130,8 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
                     proc.terminate()
 
         _started(say, point)
-        figures = measure([sys.executable, "-m", "raysim.cli", "run", files[point.name], *point.overrides, "--quiet"],
+        figures = measure([sys.executable, "-m", "raysim.cli", "run", files[point.name], *point.overrides, "--quiet",
+                           "--replace"],  # a point not completed yet: what an earlier try left is replaced
                           started=started, env={**os.environ, END_WITH_PARENT: str(os.getpid())})
         with lock:
             running.pop(point.name, None)
@@ -204,7 +205,7 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
                 began = time.perf_counter()
                 with peak_memory(os.getpid()) as peak:
                     try:
-                        execute(point.cfg, began=began)
+                        execute(point.cfg, began=began, replace=True)
                         code = 0
                     except (RunError, ScenarioError) as exc:
                         print(f"error: {exc}", file=sys.stderr)
