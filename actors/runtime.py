@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import psutil
 import ray
 from ray._private import ray_constants
+from ray._private.services import canonicalize_bootstrap_address
 from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -42,16 +43,31 @@ def cluster_address(runtime_cfg) -> str | None:
 
 
 def _check_reachable(address: str, timeout: float = 10.0) -> None:
-    """ScenarioError naming ``runtime.address`` when nothing answers at its ``host:port`` (ray.init
-    would retry for minutes); ``auto`` and URIs (``ray://``) are left to Ray."""
-    host, _, port = address.rpartition(":")
-    if address == "auto" or "://" in address or not host:
-        return
+    """ScenarioError naming ``runtime.address`` unless something answers at the cluster's GCS
+    (``ray.init`` would retry for minutes): ``host:port``, ``ray://host:port`` (Ray Client), or
+    ``auto``, resolved as Ray resolves it (``RAY_ADDRESS``, else the last cluster ``ray start``
+    recorded, which may be long gone). A job server's ``http://`` address is refused: it is
+    ``raysim submit``'s."""
+    allowed = "host:port of a running Ray cluster's head (GCS), ray://host:port, or auto"
+    target = address
+    if address == "auto":
+        try:
+            target = canonicalize_bootstrap_address("auto")
+        except Exception as exc:  # no cluster recorded or running
+            raise ScenarioError("runtime.address", address, f"{allowed}: no running Ray cluster was found "
+                                f"({first_line(exc)}); leave runtime.address unset for an embedded Ray") from None
+    elif address.startswith("ray://"):
+        target = address.removeprefix("ray://")
+    elif "://" in address:
+        raise ScenarioError("runtime.address", address, f"{allowed} ({address.split('://')[0]}:// is a job server's "
+                            "address: raysim submit --address takes it)")
+    host, _, port = (target or "").rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except (OSError, ValueError) as exc:
-        raise ScenarioError("runtime.address", address, "the host:port of a running Ray cluster's head (GCS), or "
-                            f"auto: nothing answers there ({exc})") from None
+        found = f" (auto found {target})" if address == "auto" else ""
+        raise ScenarioError("runtime.address", address, f"{allowed}: nothing answers at {target}{found} ({exc})"
+                            ) from None
 
 
 def embedded_resources(runtime_cfg) -> tuple[float, float | None]:

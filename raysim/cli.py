@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -503,7 +504,14 @@ def main(argv=None) -> int:
 
         erase_startup()
         print(str(exc) or (f"{how} before the run started: nothing was written" if starting else how), file=sys.stderr)
-        return Terminated.EXIT_STATUS if terminated() else EXIT_INTERRUPTED
+        status = Terminated.EXIT_STATUS if terminated() else EXIT_INTERRUPTED
+        from raysim.engine.interrupts import cut_short
+
+        if cut_short():  # a step that may never end was abandoned: its threads must not keep the process alive
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def test_a_second_run_into_a_live_directory_is_refused_and_a_dead_runs_lock_is_s
     assert len(second.stderr.splitlines()) == 1
     assert os.path.exists(f"{tmp_path}/out/.raysim.lock")  # left by the killed run
     third = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(scenario), *overrides[:-1],
-                            "execution.rounds=2", "--quiet"], capture_output=True, text=True, timeout=120)
+                            "execution.rounds=2", "--quiet", "--replace"], capture_output=True, text=True, timeout=120)
     assert third.returncode == 0, third.stderr
     assert _summary(f"{tmp_path}/out")["status"] == "completed" and not os.path.exists(f"{tmp_path}/out/.raysim.lock")
 

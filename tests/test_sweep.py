@@ -263,10 +263,9 @@ def test_submit_of_a_sweep_file_submits_the_sweep(tmp_path, monkeypatch):
     path = tmp_path / "tiny.yaml"
     path.write_text(SWEEP_FILE.replace("OUT", "results/sweeps/tiny"))
     submitted = []
-    monkeypatch.setattr(actors.jobs, "in_repository", lambda scenario: scenario)
     monkeypatch.setattr(actors.jobs, "submit", lambda address, command, *rest: submitted.append(command) or 0)
     assert main(["submit", str(path), "execution.rounds=2", "--address", "http://head:8265"]) == 0
-    assert submitted == [["sweep", str(path), "execution.rounds=2"]]
+    assert submitted == [["sweep", "submitted/tiny.yaml", "execution.rounds=2"]]  # shipped beside the code
 
 
 def test_a_second_live_sweep_into_the_same_directory_is_refused(tmp_path, capsys):

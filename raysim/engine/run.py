@@ -24,7 +24,7 @@ from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.scenario.schema import result_keys
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
-from raysim.engine.interrupts import deferred_signals
+from raysim.engine.interrupts import cut_short, deferred_signals
 from raysim.engine.run_evaluation import evaluates_on_hosts
 from raysim.output import ParquetLog
 from raysim.output.directory import DIAGNOSTICS, EVENTS_SCHEMA, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
@@ -138,7 +138,7 @@ class RunLoop:
         try:
             self._start()
             while not self.report["done"]:
-                with deferred_signals():
+                with deferred_signals(announce=True):
                     self._step(progress)
             final = self.scheduler.finish()
         except KeyboardInterrupt as exc:
@@ -280,8 +280,10 @@ class RunLoop:
         on stderr and never hide the error that ended the run."""
         disk_failed = isinstance(exc, OutputError)  # its line is the one reported; the logs agree already
         try:
-            if status == "interrupted" and self.scheduler is not None and self.logs:
+            if status == "interrupted" and self.scheduler is not None and self.logs and not cut_short():
                 self._save_checkpoint()
+            elif cut_short():  # a step was cut short: its state is half done, the last checkpoint stays
+                self._flush()
             elif not disk_failed:
                 self._close_logs()
         except (OutputError, RunError) as write_error:

@@ -228,7 +228,7 @@ class OutputDir:
             raise ScenarioError("output.dir", self.root, f"a directory without results raysim did not record "
                                 f"writing (it holds {', '.join(present)}, but no {RECORD}): choose another "
                                 "output.dir, or move those files away")
-        if record is not None:
+        if record is not None and set(present) - {"scenario.yaml"}:  # a run that wrote nothing else: no results
             if not replace:
                 raise ScenarioError("output.dir", self.root, self._earlier_run_text())
             names = tuple(record)
