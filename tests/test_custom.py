@@ -139,15 +139,15 @@ def parts(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_fednova_example_runs_through_the_cli():
+def test_fednova_example_runs_through_the_cli(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "scenarios/examples/fednova.yaml",
-                           "execution.rounds=8", "eval.every=0", "output.dir=/tmp/raysim_test_fednova", "--quiet"],
+                           "execution.rounds=8", "eval.every=0", f"output.dir={tmp_path}", "--quiet"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    summary = json.loads(Path("/tmp/raysim_test_fednova/summary.json").read_text())
+    summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["rounds"] == 8 and summary["model"]["kind"] == "examples.fednova:two_layer"
     assert 0.25 < summary["final_test_accuracy"] <= 1  # chance is 0.1
-    tau_eff = pq.read_table("/tmp/raysim_test_fednova/rounds.parquet").column("tau_eff").to_pylist()
+    tau_eff = pq.read_table(tmp_path / "rounds.parquet").column("tau_eff").to_pylist()
     assert len(tau_eff) == 8 and all(t > 1 for t in tau_eff)  # clients of 50+ rows take several steps of 10
     assert summary["final_diagnostics"]["tau_eff"] == tau_eff[-1]
 
