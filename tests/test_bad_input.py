@@ -68,8 +68,9 @@ def write_parquet(path: Path, **columns) -> str:
     ("execution.over_selection=inf", r"error: execution\.over_selection = inf: expected a finite number"),
     ("seed=99999999999999999999999", r"error: seed = 99999999999999999999999: expected an integer in "
                                      r"\[0, 9223372036854775807\]"),
-    ("runtime.address=127.0.0.1:1", r"error: runtime\.address = '127\.0\.0\.1:1': expected the host:port of a "
-                                    r"running Ray cluster's head \(GCS\), or auto: nothing answers there \(.*\)"),
+    ("runtime.address=127.0.0.1:1", r"error: runtime\.address = '127\.0\.0\.1:1': expected host:port of a running "
+                                    r"Ray cluster's head \(GCS\), ray://host:port, or auto: nothing answers at "
+                                    r"127\.0\.0\.1:1 \(.*\)"),
 ], ids=["clients", "hidden", "over_selection", "seed", "address"])
 def test_run_refuses_in_a_real_process_and_writes_nothing(tmp_path, override, expected):
     out = tmp_path / "out"

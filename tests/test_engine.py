@@ -82,8 +82,8 @@ def test_steady_rate_leaves_out_warm_up_and_evaluation():
 
 
 def test_training_improves_accuracy(tmp_path):
-    first = _run(small_scenario(tmp_path, "execution.rounds=1", "algorithm.lr=0.05"))
-    longer = _run(small_scenario(tmp_path, "execution.rounds=15", "algorithm.lr=0.05", "eval.every=0"))
+    first = _run(small_scenario(tmp_path / "first", "execution.rounds=1", "algorithm.lr=0.05"))
+    longer = _run(small_scenario(tmp_path / "longer", "execution.rounds=15", "algorithm.lr=0.05", "eval.every=0"))
     assert longer["final_test_accuracy"] > first["final_test_accuracy"] + 0.1
 
 
