@@ -39,7 +39,7 @@ def test_in_memory_filesystem(tmp_path):
     prepared.output = OutputDir(memory, "bucket/runs/small")
     summary = run_scenario(prepared, LocalRuntime())
     names = {info.base_name for info in memory.get_file_info(pafs.FileSelector("bucket/runs/small"))}
-    assert names == {"scenario.yaml", "rounds.parquet", "events.parquet", "summary.json", "model.pt"}
+    assert names == {".raysim.run", "scenario.yaml", "rounds.parquet", "events.parquet", "summary.json", "model.pt"}
     assert pq.read_table("bucket/runs/small/events.parquet", filesystem=memory).num_rows == 3 * 12
     with memory.open_input_stream("bucket/runs/small/summary.json") as f:
         assert json.loads(f.read())["model_sha256"] == summary["model_sha256"]
@@ -129,7 +129,8 @@ def test_replacing_an_earlier_run_removes_the_files_its_record_lists_and_keeps_t
 
     run = tmp_path / "run"
     out = OutputDir.open(str(run)).claim()
-    out.take_over(replace=False)  # an empty directory: this run's record is written
+    out.take_over(replace=False)  # an empty directory
+    out.record_run()
     for name in ["scenario.yaml", "summary.json", "model.pt", "checkpoint.pt", "events.parquet",
                  ".summary.json.0123abcd.tmp", "accuracy_vs_wall_time.png", "notes.txt", "my_plot.png",
                  "data.parquet", "draft.tmp"]:
@@ -140,8 +141,7 @@ def test_replacing_an_earlier_run_removes_the_files_its_record_lists_and_keeps_t
         out.take_over(replace=False)
     out.record_written(["accuracy_vs_wall_time.png"])  # a report into the run's directory
     out.take_over(replace=True)
-    assert sorted(os.listdir(run)) == sorted([LOCK, RECORD, "data.parquet", "draft.tmp", "my_plot.png", "notes.txt"])
-    os.remove(run / RECORD)
+    assert sorted(os.listdir(run)) == sorted([LOCK, "data.parquet", "draft.tmp", "my_plot.png", "notes.txt"])
     (run / "summary.json").write_bytes(b"the user's own")
     with pytest.raises(ScenarioError, match=r"without results raysim did not record writing \(it holds summary.json"):
         out.take_over(replace=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,7 +35,7 @@ class Checkpoint:
     log_rows: dict  # log file name -> rows it held
     tally: dict  # running totals for the summary (plain content, see raysim.engine.run.Tally)
     wall_seconds: float  # wall time of the scheduler when the state was taken
-    scenario: dict  # the scenario's result keys (raysim.scenario.schema.result_keys)
+    scenario: dict = field(default_factory=dict)  # the scenario's result keys (raysim.scenario.schema.result_keys)
     nbytes: int = 0  # the size of checkpoint.pt once saved or loaded
     digest: str = ""  # the SHA-256 of checkpoint.pt once loaded
 

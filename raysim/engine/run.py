@@ -99,6 +99,7 @@ def run_scenario(prepared, runtime, progress=None, began: float | None = None,
     began = time.perf_counter() if began is None else began
     try:
         if checkpoint is None:  # prepare has taken the directory over (an earlier run's files are gone)
+            prepared.output.record_run()
             prepared.output.write_text("scenario.yaml", prepared.scenario_yaml)
         return RunLoop(prepared, runtime, began, checkpoint).execute(progress)
     finally:

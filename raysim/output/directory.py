@@ -222,7 +222,7 @@ class OutputDir:
         ScenarioError naming output.dir, unless ``replace``: then the files its record
         (:data:`RECORD`) lists are removed, with their temporary files, and nothing else. Files
         of raysim's names that no record lists are never removed: they are refused, replace or not.
-        Then this run's record is written: the files it (and a report into it) writes."""
+        :meth:`record_run` then records what the new run writes."""
         record, present = self._record(), self._run_files_present()
         if record is None and present:
             raise ScenarioError("output.dir", self.root, f"a directory without results raysim did not record "
@@ -236,6 +236,10 @@ class OutputDir:
                 base = info.base_name
                 if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):
                     self.remove(base)
+            self.remove(RECORD)
+
+    def record_run(self) -> None:
+        """Record the files a new run writes (and a report into its directory will), before it writes any."""
         self.write_text(RECORD, json.dumps({"files": list(RUN_FILES) + [TENSORBOARD_DIR]}))
 
     def record_written(self, names) -> None:
