@@ -60,13 +60,13 @@ CLIENT_VECTORS = 8  # per client in flight: start, parameters, gradient, update,
 # peak PSS grew by 207 KiB per client in flight from 1,000 to 10,000 in flight, 11.7 vectors of its 4,554
 # float32 parameters; CLIENT_VECTORS + DRIVER_VECTORS = 12
 DRIVER_VECTORS = 4
-ACTIVATION_PASSES = 3
+ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
 # a ClientActor process: its proportional set size with torch and Ray's worker loaded, measured with psutil
 # on a running W1 (2 actors, 2026-11-28): 301-304 MiB PSS (225 MiB of it its own, 472 MiB RSS)
 ACTOR_PROCESS_BYTES = 300 * 2 ** 20
 PLAN_ROW_BYTES = 28  # per row of a task's minibatch plan: the shuffled order (int64), its rows (int64), the mask
 # (float32), the rows as a tensor on the device (int64)
-POISSON_TAIL = 10  # a Poisson(mean) E_k is counted at mean + 10 sqrt(mean): every client's draw stays below it  # forward values, their gradients, the inputs' copy
+POISSON_TAIL = 10  # a Poisson(mean) E_k is counted at mean + 10 sqrt(mean): every client's draw stays below it
 CLIENT_BOOKKEEPING = 128  # bytes per registered client: sizes, offsets, system profile
 KEPT_ENTRY = 512  # bytes per kept client state besides its tensors (dict, tensor objects)
 

@@ -46,7 +46,8 @@ def test_min_size_gives_every_client_its_samples_and_keeps_the_label_skew():
 def test_every_key_a_switch_to_async_leaves_behind_is_named_in_one_message(tmp_path):
     """Switching sync -> async took three runs, one ~key per error."""
     scenario = tmp_path / "sync.yaml"
-    scenario.write_text("name: switch\ndata: {kind: gaussian_mixture, num_clients: 40}\nmodel: {kind: mlp, hidden: [16]}\n"
+    scenario.write_text("name: switch\ndata: {kind: gaussian_mixture, num_clients: 40}\n"
+                        "model: {kind: mlp, hidden: [16]}\n"
                         "algorithm: {name: fedavg, lr: 0.05}\n"
                         "execution: {mode: sync, rounds: 3, clients_per_round: 10, deadline: 5.0}\n"
                         f"runtime: {{backend: local}}\noutput: {{dir: {tmp_path}}}\n")

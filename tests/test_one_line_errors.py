@@ -52,7 +52,8 @@ def aggregator_short(vectors, weights):
 def user_code(tmp_path) -> Path:
     """A directory holding my_code.py (USER_CODE) and my_exit.py (which calls sys.exit(0) when imported)."""
     (tmp_path / "my_code.py").write_text(textwrap.dedent(USER_CODE))
-    (tmp_path / "my_exit.py").write_text("import sys\n\nsys.exit(0)\n\ndef net(feature_shape, num_classes):\n    pass\n")
+    (tmp_path / "my_exit.py").write_text("import sys\n\nsys.exit(0)\n\n"
+                                         "def net(feature_shape, num_classes):\n    pass\n")
     return tmp_path
 
 

@@ -137,7 +137,8 @@ def test_replacing_an_earlier_run_removes_the_files_its_record_lists_and_keeps_t
         (run / name).write_bytes(b"x")
     (run / "rounds.parquet").mkdir()
     (run / "rounds.parquet/part-000000000000-000000000001-0.parquet").write_bytes(b"x")
-    with pytest.raises(ScenarioError, match=r"expected a directory without an earlier run \(it holds one, status unknown"):
+    with pytest.raises(ScenarioError,
+                       match=r"expected a directory without an earlier run \(it holds one, status unknown"):
         out.take_over(replace=False)
     out.record_written(["accuracy_vs_wall_time.png"])  # a report into the run's directory
     out.take_over(replace=True)

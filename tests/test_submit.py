@@ -69,12 +69,14 @@ def test_dry_run_lists_a_custom_module_from_outside_the_repository(tmp_path):
     package = tmp_path / "ext" / "my_ext"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "parts.py").write_text("from raysim.algorithms.fedavg import FedAvg\n\nclass Damped(FedAvg):\n    pass\n")
+    (package / "parts.py").write_text("from raysim.algorithms.fedavg import FedAvg\n\n\n"
+                                      "class Damped(FedAvg):\n    pass\n")
     scenario = tmp_path / "mine.yaml"
     scenario.write_text((REPO / "scenarios" / "quickstart.yaml").read_text())
     done = subprocess.run([sys.executable, "-m", "raysim.cli", "submit", str(scenario),
                            "algorithm.name=my_ext.parts:Damped", "--dry-run"], capture_output=True, text=True,
-                          cwd=REPO, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{tmp_path / 'ext'}"})
+                          cwd=REPO, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{tmp_path / 'ext'}"})
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split()
     assert {"submitted/mine.yaml", "my_ext/parts.py", "raysim/cli.py", "actors/jobs.py"} <= set(listed)

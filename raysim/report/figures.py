@@ -140,7 +140,8 @@ def load_runs(run_dirs: list[str]) -> list[SavedRun]:
                                  read_columns(out, "events.parquet", _EVENT_COLUMNS), summary,
                                  _read_text(out, "scenario.yaml", yaml.safe_load), own))
         except (OSError, pa.ArrowException) as exc:  # a damaged part
-            raise ScenarioError("report", path, f"a run directory whose logs are readable ({first_line(exc)})") from None
+            raise ScenarioError("report", path,
+                                f"a run directory whose logs are readable ({first_line(exc)})") from None
     return runs
 
 
