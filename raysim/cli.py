@@ -93,9 +93,7 @@ def cmd_resume(args) -> int:
 
     began = time.perf_counter()
     if args.address is not None:  # as a Ray job: the run's directory must be one the cluster reaches
-        from actors.jobs import submit
-
-        from actors.jobs import shipped_files
+        from actors.jobs import shipped_files, submit
 
         return submit(args.address, ["resume", args.run_dir, *args.overrides], args.follow, not args.no_wait,
                       not args.no_pip, shipped_files(None)[0])

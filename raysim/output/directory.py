@@ -232,8 +232,7 @@ class OutputDir:
             if not replace:
                 raise ScenarioError("output.dir", self.root, self._earlier_run_text())
             names = tuple(record)
-            for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
-                base = info.base_name
+            for base in self._names():
                 if base in names or (base.endswith(".tmp") and base.lstrip(".").startswith(names)):
                     self.remove(base)
             self.remove(RECORD)
@@ -250,9 +249,9 @@ class OutputDir:
 
     def clear_temporary(self) -> None:
         """Remove the temporary files a writer killed mid-write left (``.<name>.<random>.tmp``)."""
-        for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
-            if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
-                self.remove(info.base_name)
+        for base in self._names():
+            if base.startswith(".") and base.endswith(".tmp"):
+                self.remove(base)
 
     def _record(self) -> list | None:
         """The files the record of the run in this directory lists (None: no record)."""
@@ -263,11 +262,13 @@ class OutputDir:
         except (ValueError, KeyError, TypeError):
             return None  # a damaged record cannot tell that run's files apart: as if there were none
 
+    def _names(self) -> list:
+        """The names of the directory's entries (none when it does not exist)."""
+        return [info.base_name for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))]
+
     def _run_files_present(self) -> list:
         names = RUN_FILES + tuple(PLOTS) + (REPORT_HTML, TENSORBOARD_DIR)
-        return sorted(info.base_name for info in self.fs.get_file_info(pafs.FileSelector(self.root,
-                                                                                          allow_not_found=True))
-                      if info.base_name in names)
+        return sorted(base for base in self._names() if base in names)
 
     def _earlier_run_text(self) -> str:
         """What output.dir must be when an earlier run's files are there, by that run's status."""
