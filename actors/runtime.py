@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -32,6 +33,7 @@ from raysim.engine.interrupts import deferred_signals
 from raysim.errors import (RunError, ScenarioError, SchedulerLost,  # SchedulerLost: what RemoteScheduler raises
                            first_line, last_line)
 
+RAY_TOKEN = os.path.expanduser("~/.ray/auth_token")  # where a local ray.init() looks for its token
 ACTOR_REPLACEMENTS = 3  # a ClientActor that dies is replaced (and its calls sent again) at most this many times
 
 
@@ -156,6 +158,7 @@ class ClientActorGroup:
         self.nodes = [""] * num_actors  # nodes[i]: the node id of actor i (set by describe)
         self._replaced = [0] * num_actors
         self._lost = []
+        self._deaths = []
 
     def broadcast(self, payload: dict):
         """An object-store reference to the payload, or the payload itself when it is small (a
@@ -190,6 +193,11 @@ class ClientActorGroup:
         lost, self._lost = self._lost, []
         return lost
 
+    def deaths(self) -> list:
+        """The index of each actor replaced since the last call, once per death; forgets them."""
+        deaths, self._deaths = self._deaths, []
+        return deaths
+
     def _create(self, actor: int):
         actor_class, args, options, group = self._spawn
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=actor)
@@ -222,6 +230,28 @@ class ClientActorGroup:
         ray.kill(self.actors[actor])  # in case it is only unreachable
         self.actors[actor] = self._create(actor)
         self._replaced[actor] += 1
+        self._deaths.append(actor)
+
+
+def keep_token_private(path: str = RAY_TOKEN) -> None:
+    """Ray's token for the clusters this user starts (whoever reads it may run code on them) readable by
+    this user only: created so where it is missing (Ray would write it with the umask's mode, usually
+    world-readable), made so where this user owns it. Nothing when the token comes from elsewhere."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token" or \
+            {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ):
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        created = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_uid == os.getuid() and os.stat(path).st_mode & 0o077:
+                os.chmod(path, 0o600)
+        return
+    except OSError:  # a read-only home: Ray says what it needs
+        return
+    with os.fdopen(created, "w") as f:
+        f.write(secrets.token_hex(32))  # as Ray makes one: 256 random bits
 
 
 class RemoteScheduler:
@@ -282,6 +312,7 @@ class RayRuntime:
             # otherwise) and warns that it did: this cluster is the run's own, the warning is noise
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             options = dict(address="local", num_cpus=int(cpus), num_gpus=gpus, include_dashboard=False)
+            keep_token_private()
             STARTUP.info(f"starting Ray ({int(cpus)} CPUs{f', {gpus:g} GPUs' if gpus else ''}) …")
         else:
             options = dict(address=address)
@@ -291,9 +322,11 @@ class RayRuntime:
             # lock of the logging module held, and the clean-up below then hangs on it
             with _signal_handlers_kept(), deferred_signals():
                 ray.init(**options, logging_level=logging.WARNING)
-        except BaseException:  # e.g. Ctrl-C: end what ray.init had started
+        except BaseException as exc:  # e.g. Ctrl-C, or its raylet lost as it started: end what ray.init had started
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            if isinstance(exc, Exception):
+                raise RunError(f"Ray did not start: {first_line(exc)}") from None
             raise
         if address is None:
             _stop_idle_daemons()
@@ -337,7 +370,6 @@ class RayRuntime:
     def lost_tasks(self) -> list:
         """See :meth:`ClientActorGroup.lost_tasks` (the ClientActors of this process)."""
         return self.client_actors.lost_tasks() if self.client_actors is not None else []
-
     def describe(self) -> list:
         """One dict per ClientActor (see ClientActor.info), as the ClientActorGroup that replaces dead ones
         sees them: the SchedulerActor's when there is one."""

@@ -52,7 +52,9 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
     from contextlib import nullcontext
 
+    from raysim.lifecycle import watch_run
     from raysim.long_lived import long_lived
+    from raysim.output.directory import CHECKPOINT, LOCK
     from raysim.preparation import prepare
 
     runtime = make_runtime(cfg)
@@ -60,6 +62,8 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
         with long_lived() if freeze else nullcontext():
             prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint,  # Ray starts while torch loads
                                replace=replace)
+        out = prepared.output
+        watch_run(str(cfg.output.dir), out.local_path(LOCK), out.local_path(CHECKPOINT))  # should this process die
         from raysim.engine.run import run_scenario  # torch: loaded by now, beside Ray's start-up
 
         summary = run_scenario(prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)

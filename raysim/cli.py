@@ -476,7 +476,7 @@ def _print_error(exc: Exception) -> None:
 def main(argv=None) -> int:
     from contextlib import nullcontext
 
-    from raysim.lifecycle import Terminated, end_with_parent, guarded, handle_signals, terminated
+    from raysim.lifecycle import Terminated, end_with_parent, guarded, handle_signals, leaving, terminated
 
     p = parser()
     args, extra = p.parse_known_args(argv)
@@ -508,6 +508,7 @@ def main(argv=None) -> int:
         if cut_short():  # a step that may never end was abandoned: its threads must not keep the process alive
             sys.stdout.flush()
             sys.stderr.flush()
+            leaving()
             os._exit(status)
         return status
 

@@ -15,11 +15,13 @@ The estimate aims at the peak within a factor of about 2. Its parts:
   parameter-sized vectors and the activations of one minibatch in its host, and, under Ray, the
   model version it started from and its update in the driver, each also serialized in Ray's store;
 - client hosts: each ClientActor process an embedded Ray starts (Python, torch and Ray's worker);
+- processes: the driver's own libraries (Python, torch, pyarrow), and the daemons of an embedded
+  Ray (GCS, raylet, its agents, the log monitor);
 - step plan: the minibatch plan each host builds for a task before it trains (every step's rows of
   every client in the task), which grows with the local steps or epochs, E_k's law and the
   personalization steps.
 
-On a cluster (``runtime.address`` set) only the driver's parts (data set, model) are checked
+On a cluster (``runtime.address`` set) only the driver's parts (data set, model, its process) are checked
 against this machine; client state and training live on the cluster's nodes.
 """
 
@@ -64,6 +66,11 @@ ACTIVATION_PASSES = 3  # forward values, their gradients, the inputs' copy
 # a ClientActor process: its proportional set size with torch and Ray's worker loaded, measured with psutil
 # on a running W1 (2 actors, 2026-11-28): 301-304 MiB PSS (225 MiB of it its own, 472 MiB RSS)
 ACTOR_PROCESS_BYTES = 300 * 2 ** 20
+# the driver process before it builds anything (Python, torch, pyarrow, Ray's client), and an embedded Ray's
+# daemons: W1 on 2026-11-27, by PSS: the driver 347 MiB with W1's data and model, the DashboardAgent 87, the
+# RuntimeEnvAgent 54, the log monitor 51, the GCS 43 and the raylet 27 MiB
+DRIVER_PROCESS_BYTES = 300 * 2 ** 20
+RAY_DAEMON_BYTES = 262 * 2 ** 20
 PLAN_ROW_BYTES = 28  # per row of a task's minibatch plan: the shuffled order (int64), its rows (int64), the mask
 # (float32), the rows as a tensor on the device (int64)
 POISSON_TAIL = 10  # a Poisson(mean) E_k is counted at mean + 10 sqrt(mean): every client's draw stays below it
@@ -145,7 +152,9 @@ def estimate(cfg) -> Footprint:
                   + ACTIVATION_PASSES * 4 * batch * (math.prod(features) + sum(widths))
                   + (quadratic_client_bytes(d) if d.kind == "quadratic" else 0)
                   + (DRIVER_VECTORS * params * itemsize if ray else 0))
-    parts = [Part("data set", data, data_keys), Part("model", model, model_keys)]
+    parts = [Part("data set", data, data_keys), Part("model", model, model_keys),
+             Part("processes", DRIVER_PROCESS_BYTES + (RAY_DAEMON_BYTES if ray and not cfg.runtime.address else 0),
+                  ())]  # no key makes them smaller
     if not cfg.runtime.address:
         batch_keys = (("algorithm.batch_size", batch),) if batch else ()
         plan_rows, plan_keys = _plan_rows(cfg, rows / max(clients, 1), batch)
@@ -166,7 +175,7 @@ def check_fits(cfg, available: float | None = None) -> Footprint:
     footprint = estimate(cfg)
     available = psutil.virtual_memory().available if available is None else available
     if footprint.total > available:
-        key, value = _blame(cfg, max(footprint.parts, key=lambda p: p.bytes))
+        key, value = _blame(cfg, max(footprint.parts, key=lambda p: (bool(p.keys), p.bytes)))  # a part a key grows
         raise ScenarioError(key, value, f"a scenario that fits in memory: it needs {footprint.describe()}, "
                                         f"this machine has {human(available)} available")
     return footprint

@@ -310,7 +310,7 @@ def test_estimate_grows_linearly_with_the_clients():
     for what in ("data set", "client state"):
         assert part(ten, what) == pytest.approx(10 * part(one, what))
     assert ten.total - one.total == pytest.approx(9 * (two.total - one.total))  # the model and training are fixed
-    assert ten.total > 5 * one.total
+    assert part(ten, "data set") + part(ten, "client state") > 5 * (part(one, "data set") + part(one, "client state"))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -379,7 +379,7 @@ def test_check_fits_names_the_dominant_key():
 
 def test_a_cluster_checks_only_the_drivers_parts():
     cfg = scenario("runtime.backend=ray", "runtime.address=ray://head:10001")
-    assert [p.what for p in estimate(cfg).parts] == ["data set", "model"]
+    assert [p.what for p in estimate(cfg).parts] == ["data set", "model", "processes"]
 
 
 def test_the_estimate_knows_which_built_in_algorithms_keep_client_state():

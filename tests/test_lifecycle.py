@@ -90,13 +90,46 @@ def _ended_cleanly(proc, status: int) -> str:
     return err
 
 
-def test_sigkill_of_the_driver_leaves_no_process(raysim_run):
+def test_sigkill_of_the_driver_leaves_no_process_and_says_so(raysim_run, tmp_path):
     proc = raysim_run()
     _wait_for_actors(proc)
     agents = [t for t in _titles(session_processes(proc.pid)) if t.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))]
     assert len(agents) == 2, agents  # the raylet's children, which outlived the driver before
     proc.send_signal(signal.SIGKILL)
-    _ended_cleanly(proc, -signal.SIGKILL)
+    _check_reported_lost(_ended_cleanly(proc, -signal.SIGKILL), proc, tmp_path)
+
+
+def _check_reported_lost(err: str, proc, tmp_path) -> None:
+    """The guardian's line closes stderr, and the run's lock is gone."""
+    assert err.strip().splitlines()[-1].startswith(
+        f"error: the run's process (pid {proc.pid}) ended without finishing: it was killed, or Ray ended it because "
+        f"its raylet was lost; what it wrote is in {tmp_path}/run ("), err
+    assert os.path.exists(f"{tmp_path}/run/scenario.yaml") and not os.path.exists(f"{tmp_path}/run/.raysim.lock")
+
+
+def test_a_guardian_killed_first_is_replaced_and_still_ends_what_the_driver_leaves(raysim_run, tmp_path):
+    proc = raysim_run()
+    _wait_for_actors(proc)
+    first = _guardians(proc.pid)
+    assert len(first) == 1
+    first[0].kill()
+    assert _wait_until(lambda: [g.pid for g in _guardians(proc.pid)] not in ([], [first[0].pid]), 10)
+    time.sleep(1.0)  # the new guardian has recorded the driver's descendants (Ray's agents among them)
+    proc.send_signal(signal.SIGKILL)
+    _check_reported_lost(_ended_cleanly(proc, -signal.SIGKILL), proc, tmp_path)  # told the run, too
+
+
+def test_losing_the_raylet_ends_the_run_with_one_line_and_no_lock(raysim_run, tmp_path):
+    proc = raysim_run()
+    _wait_for_actors(proc)
+    raylets = [p for p in session_processes(proc.pid) if "raylet" in p.name()]
+    assert len(raylets) == 1, _titles(session_processes(proc.pid))
+    raylets[0].kill()  # Ray's core worker then ends the driver itself: no Python code of the run runs after
+    _, err = proc.communicate(timeout=120)  # with Ray's own lines before (the actors' stack traces among them)
+    assert proc.returncode == 1, err
+    assert _wait_until(lambda: not session_processes(proc.pid) and not _guardians(proc.pid), 10), \
+        _titles(session_processes(proc.pid))
+    _check_reported_lost(err, proc, tmp_path)
 
 
 def test_ctrl_c_while_ray_starts_exits_130_and_leaves_no_process(raysim_run, tmp_path):
@@ -288,3 +321,30 @@ def test_the_memory_estimate_counts_the_actors_the_plan_starts(shares):
     planned = embedded_plan(cfg.runtime)
     assert planned == (30 if "runtime.cpus_per_actor=0.1" in shares else 4)  # 3 / 0.1 is 29.99…; 2 GPUs / 0.5
     assert _actors(cfg.runtime) == planned  # the estimate's count of client hosts
+
+
+# ---------------------------------------------------------------------- Ray's token
+
+def test_the_ray_token_is_created_readable_by_its_user_only(tmp_path, monkeypatch):
+    from actors.runtime import keep_token_private
+
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / ".ray" / "auth_token"
+    keep_token_private(str(path))
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    token = path.read_text()
+    assert len(token) == 64 and int(token, 16) >= 0  # 256 random bits in hex, as Ray makes them
+    path.chmod(0o644)  # as Ray writes it with a usual umask
+    keep_token_private(str(path))
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and path.read_text() == token  # the same token, now private
+
+
+@pytest.mark.parametrize("env", [{"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_TOKEN": "x" * 64}])
+def test_no_token_file_is_made_when_ray_takes_none(tmp_path, monkeypatch, env):
+    from actors.runtime import keep_token_private
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    keep_token_private(str(tmp_path / ".ray" / "auth_token"))
+    assert not (tmp_path / ".ray").exists()

@@ -4,7 +4,6 @@ results stay bit-identical; one that keeps dying ends the run with one RunError 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -88,6 +87,7 @@ def test_a_killed_actor_is_replaced_and_its_calls_run_again(flaky_pool):
     assert pool.gather(pending) == [[2, 4], [6], [8]]
     assert sorted(pool.lost_tasks()) == [(0, 1), (0, 2), (0, 4)]
     assert pool.lost_tasks() == []  # reported once
+    assert pool.deaths() == [0] and pool.deaths() == []  # one death, though two of its calls were lost
     after = [info["pid"] for info in pool.describe()]
     assert after[1] == pids[1] and after[0] != pids[0]
 
@@ -160,9 +160,8 @@ def _check_identical_after_a_kill(tmp_path, case, capsys):
     if where == "driver":  # the pool is in this process: what it ran again is seen here
         assert lost and {actor for actor, _ in lost} == {0}
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ClientActor")]
-    assert warnings and all(re.fullmatch(r"warning: ClientActor 0 died; a new one took its place and ran its lost "
-                                         r"tasks again \(\d+ clients, with the same results; events.parquet marks "
-                                         r"them 'retried'\)", line) for line in warnings)
+    assert warnings == ["warning: ClientActor 0 died; a new one took its place and runs its lost tasks again "
+                        "(with the same results; events.parquet marks them 'retried')"]  # one line per death
 
 
 @pytest.mark.parametrize("case", ["sync", "fedbuff"])

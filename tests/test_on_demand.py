@@ -218,14 +218,15 @@ def test_memory_estimate_of_many_async_clients_in_flight_counts_the_drivers_copi
     """Issue 41: W1 async with 10^5 clients and 10^4 in flight peaked at 3.58 GiB of process-tree PSS
     (2026-11-28, 12,000 updates, 2 actors, `raysim.measure.measure`) while the estimate said 2.03 GB: it
     counted each client in flight in its host only. The driver holds the version each started from and
-    its update, and Ray a serialized copy of each; the estimate is now within 1.5x of the peak."""
+    its update, and Ray a serialized copy of each; with those, the client hosts' processes and Ray's
+    own daemons, the estimate is now above the peak, and within 1.5x of it."""
     from raysim.footprint import estimate
     from raysim.scenario.load import load_scenario
 
     cfg = load_scenario("scenarios/bench/w1_async.yaml", ["data.num_clients=100000", "execution.concurrency=10000",
                                                           "execution.max_updates=12000"])
     measured = 3.58 * 2 ** 30
-    assert measured / 1.5 < estimate(cfg).total < measured
+    assert measured < estimate(cfg).total < 1.5 * measured
 
 
 def test_a_host_builds_the_rows_of_its_next_clients_while_it_waits(tmp_path):

@@ -222,7 +222,7 @@ def test_sigkill_of_the_driver_then_resume_equals_uninterrupted(tmp_path, case):
     assert _tables(cfg.output.dir) == _tables(reference.output_dir)
 
 
-def test_a_second_run_into_a_live_directory_is_refused_and_a_dead_runs_lock_is_stale(tmp_path):
+def test_a_second_run_into_a_live_directory_is_refused_and_a_killed_runs_lock_is_released(tmp_path):
     overrides = small_overrides(tmp_path, "execution.rounds=100000")
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text("name: small\n")
@@ -238,7 +238,11 @@ def test_a_second_run_into_a_live_directory_is_refused_and_a_dead_runs_lock_is_s
     assert second.returncode == 2 and second.stdout == ""
     assert second.stderr.startswith(f"error: output.dir = '{tmp_path}/out': expected a directory no other live run")
     assert len(second.stderr.splitlines()) == 1
-    assert os.path.exists(f"{tmp_path}/out/.raysim.lock")  # left by the killed run
+    # the killed run's guardian releases its lock (a lock left by a dead process would be stale: test_output)
+    deadline = time.monotonic() + 15
+    while os.path.exists(f"{tmp_path}/out/.raysim.lock") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"{tmp_path}/out/.raysim.lock")
     third = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(scenario), *overrides[:-1],
                             "execution.rounds=2", "--quiet", "--replace"], capture_output=True, text=True, timeout=120)
     assert third.returncode == 0, third.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,3 +88,26 @@ def test_a_cluster_address_that_cannot_be_joined_is_one_line_in_seconds(tmp_path
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith(f"error: runtime.address = '{address}': expected host:port of a running Ray "
                                "cluster's head (GCS), ray://host:port, or auto") and ending in lines[0]
+
+
+def test_auto_with_a_stale_cluster_file_is_refused_in_seconds(tmp_path, monkeypatch):
+    """`auto` with the file of a cluster long gone hung for 150 s and more, printing Ray's GCS
+    retries. Ray's `auto` prefers a GCS process running on the host, when there is exactly one,
+    to the file (a test session's own Ray would be joined): here none is found, as on a machine
+    where the recorded cluster has gone."""
+    ray_services = pytest.importorskip("ray._private.services")
+    from actors.runtime import _check_reachable
+    from raysim.errors import ScenarioError
+
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_services, "find_gcs_addresses", lambda: [])
+    began = time.monotonic()
+    with pytest.raises(ScenarioError) as refused:
+        _check_reachable("auto")
+    assert time.monotonic() - began < 15
+    assert re.fullmatch(r"runtime.address = 'auto': expected host:port of a running Ray cluster's head \(GCS\), "
+                        r"ray://host:port, or auto: nothing answers at (\S+):1 \(auto found \1:1\) \(.*refused\)",
+                        str(refused.value))  # Ray writes 127.0.0.1 as the node's address

@@ -212,11 +212,9 @@ class RunLoop:
         events = report["events"]
         if events is not None:
             self.logs["events.parquet"].append(events)
-            retried = events["actor"][events["status"] == "retried"]
-            for actor, clients in zip(*np.unique(retried, return_counts=True)):
-                print(f"warning: ClientActor {actor} died; a new one took its place and ran its lost tasks again "
-                      f"({clients} clients, with the same results; events.parquet marks them 'retried')",
-                      file=sys.stderr)
+        for actor in report["deaths"]:
+            print(f"warning: ClientActor {actor} died; a new one took its place and runs its lost tasks again "
+                  "(with the same results; events.parquet marks them 'retried')", file=sys.stderr)
         if report["rounds"]:
             self.logs["rounds.parquet"].append({k: [r[k] for r in report["rounds"]] for k in report["rounds"][0]})
         self.tally.add(report, self.diagnostics)

@@ -46,6 +46,9 @@ class Runtime(Protocol):
         """The ``(actor_index, task)`` pairs run again since the last call because the host
         running them died (their results are the same); forgets them."""
 
+    def deaths(self) -> list:
+        """The index of each host replaced since the last call, once per death; forgets them."""
+
     def describe(self) -> list:
         """One dict per host: actor index, device, node, GPU ids…"""
 
@@ -85,6 +88,10 @@ class LocalRuntime:
 
     def lost_tasks(self) -> list:
         """An in-process host never dies: nothing is ever run again."""
+        return []
+
+    def deaths(self) -> list:
+        """An in-process host never dies."""
         return []
 
     def describe(self) -> list:

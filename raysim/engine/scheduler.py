@@ -97,9 +97,9 @@ class Scheduler:
         """Run server steps for about ``budget_seconds`` of wall time (at least one step), and
         never past server version ``stop_version`` (where the driver takes a checkpoint).
 
-        Returns the rounds and events rows produced, whether the run is done, the
-        error that ended it (if any), the latest evaluation, the number of applied
-        updates, the server version and the scheduler's wall seconds.
+        Returns the rounds and events rows produced, the hosts that died (see Runtime.deaths),
+        whether the run is done, the error that ended it (if any), the latest evaluation, the
+        number of applied updates, the server version and the scheduler's wall seconds.
         """
         until = time.perf_counter() + budget_seconds
         error, self.stop_version = None, stop_version
@@ -120,8 +120,9 @@ class Scheduler:
             nodes = np.array(list(self.runtime.nodes) + [""], dtype=object)  # actor -1: never computed
             events["node"] = nodes[events["actor"]].astype(str)
             events.update(self.system.profile_of(events["client_id"]))
-        out = {"rounds": self._rounds, "events": events, "done": self.done, "error": error,
-               "last_eval": dict(self.evaluation.last), "applied": self.progress.applied, "version": self.version,
+        out = {"rounds": self._rounds, "events": events, "deaths": self.runtime.deaths(), "done": self.done,
+               "error": error, "last_eval": dict(self.evaluation.last), "applied": self.progress.applied,
+               "version": self.version,
                "wall": time.perf_counter() - self.began}
         self._rounds, self._events = [], []
         return out

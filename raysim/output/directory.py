@@ -131,6 +131,10 @@ class OutputDir:
         """The full path of file ``name`` inside the directory."""
         return f"{self.root}/{name}"
 
+    def local_path(self, name: str) -> str | None:
+        """The path of ``name`` on a local disk; None on other filesystems."""
+        return self.path(name) if isinstance(self.fs, pafs.LocalFileSystem) else None
+
     def write_atomic(self, name: str, write: Callable[[str], None]) -> None:
         """Write file ``name`` by calling ``write(temporary_path)``, then rename it into place;
         on failure the temporary file is removed (an OSError raises OutputError)."""
