@@ -50,6 +50,7 @@ class Purpose(IntEnum):
     BYZANTINE_ATTACK = 20  # (server step,): the gaussian attack's vectors of that step
     BUCKETING = 21  # (aggregations so far,): the random permutation of bucketing at that aggregation
     SYNTHETIC_IMAGES = 22  # (): the class prototypes; (client,): a client's shift, labels and noise
+    DEPLOYED_START = 23  # (client, server step): the personal start of the deployed-model evaluation
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

@@ -210,3 +210,33 @@ def test_oracles_give_hessian_vector_products():
         torch.testing.assert_close(quad.hvp(p, w, None)[c], hessian @ w[c])
         grad = torch.autograd.functional.jacobian(value, p[c])
         torch.testing.assert_close(quad.gradient(p, None)[0][c], grad)
+
+
+def _updates_at(tmp_path, version: int, *overrides) -> torch.Tensor:
+    """The updates of clients 1-3 that start from server step ``version`` (FedAvg, SGD on an MLP)."""
+    from raysim.data import build_dataset
+    from raysim.engine.dispatch import make_tasks
+    from raysim.engine.host import ClientHost
+
+    cfg = small_scenario(tmp_path, "algorithm.local_steps=3", *overrides)
+    dataset = build_dataset(cfg.data, cfg.seed)
+    host = ClientHost(scenario_object(cfg), dataset.table)
+    payload = host.algorithm.payload(host.algorithm.init(host.model.initial_vector()))
+    tasks = make_tasks("train", np.array([1, 2, 3]), dataset.train_sizes(), 1, 5, version)
+    return host.run({version: payload}, tasks)[0].vector
+
+
+def test_lr_decay_scales_the_local_step_by_the_decay_to_the_server_step(tmp_path):
+    """algorithm.lr_decay = d: a client starting from server step t steps with lr · d^t (at t = 0, the
+    same bits as without decay; at t = 3, what lr · d^3 without decay gives, up to rounding)."""
+    plain = _updates_at(tmp_path, 0, "algorithm.lr=0.2")
+    assert torch.equal(_updates_at(tmp_path, 0, "algorithm.lr=0.2", "algorithm.lr_decay=0.5"), plain)
+    decayed = _updates_at(tmp_path, 3, "algorithm.lr=0.2", "algorithm.lr_decay=0.5")
+    assert torch.allclose(decayed, _updates_at(tmp_path, 3, "algorithm.lr=0.025"), rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(decayed, _updates_at(tmp_path, 3, "algorithm.lr=0.2"), rtol=1e-2)
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -0.1])
+def test_lr_decay_outside_0_1_is_refused(tmp_path, value):
+    with pytest.raises(ScenarioError, match=rf"^algorithm\.lr_decay = .*: expected a number in \(0, 1\]$"):
+        small_scenario(tmp_path, f"algorithm.lr_decay={value}")

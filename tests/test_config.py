@@ -91,7 +91,8 @@ def test_quadratic_run_ends_with_its_own_metrics(tmp_path, capsys):
                  f"output.dir={out}"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     final = json.loads((out / "summary.json").read_text())["final_diagnostics"]
-    assert set(final) == {"rel_error", "grad_norm_sq", "loss_gap"} and 0 < final["rel_error"] < 1
+    assert set(final) == {"rel_error", "grad_norm_sq", "loss_gap", "deployed_loss_gap"} and 0 < final["rel_error"] < 1
+    assert final["deployed_loss_gap"] >= final["loss_gap"]  # w*(θ) minimises each client's loss: CG's w cannot beat it
     assert f"3 rounds, 96 client updates, final rel_error {final['rel_error']:.4g}, " in line
     assert "accuracy" not in line
 

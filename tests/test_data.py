@@ -282,6 +282,33 @@ def test_dirichlet_errors():
         partition(balanced_labels(), 5, part_cfg("dirichlet", alpha=0), 0.2, 0)
 
 
+def test_balanced_dirichlet_gives_every_client_the_same_rows_and_skews_their_labels():
+    """FedACG's (and FedDyn's) balanced Dir(0.3) split of 100 clients: equal sizes, label skew like
+    the per-class Dirichlet's, no sample twice; the same split for the same seed."""
+    labels = np.random.default_rng(0).permutation(balanced_labels(503))  # 5,030 samples: 30 stay unused
+    train, test = partition(labels, 100, part_cfg("balanced_dirichlet", alpha=0.3), 0.2, 0)
+    assert {len(t) for t in train} == {40} and {len(t) for t in test} == {10}
+    used = np.concatenate(train + test)
+    assert len(used) == len(np.unique(used)) == 5000
+    top = [np.bincount(labels[np.concatenate([a, b])], minlength=10).max() / 50 for a, b in zip(train, test)]
+    assert np.mean(top) > 0.4  # iid clients would hold about 0.2 of their rows in their largest class
+    again = partition(labels, 100, part_cfg("balanced_dirichlet", alpha=0.3), 0.2, 0)
+    assert all(np.array_equal(a, b) for a, b in zip(train + test, again[0] + again[1]))
+    iid_like = partition(labels, 100, part_cfg("balanced_dirichlet", alpha=1e4), 0.2, 0)
+    top_iid = [np.bincount(labels[np.concatenate([a, b])], minlength=10).max() / 50 for a, b in zip(*iid_like)]
+    assert np.mean(top_iid) < 0.3
+
+
+def test_a_balanced_partition_without_a_training_and_a_test_row_per_client_is_refused():
+    with pytest.raises(ScenarioError, match=r"^data\.num_clients = 400: expected at most 333 for the "
+                                            r"balanced_dirichlet "
+                                            r"partition of 1000 samples with data\.test_fraction 0\.2: each client "
+                                            r"takes 1000 // num_clients samples and needs a training and a test row$"):
+        partition(balanced_labels(), 400, part_cfg("balanced_dirichlet", alpha=0.3), 0.2, 0)  # 2 rows: no test row
+    train, test = partition(balanced_labels(), 333, part_cfg("balanced_dirichlet", alpha=0.3), 0.2, 0)
+    assert {len(t) for t in train} == {2} and {len(t) for t in test} == {1}
+
+
 def test_shards_limit_classes_per_client():
     labels = balanced_labels(100)
     train, test = partition(labels, 50, part_cfg("shards", shards_per_client=2), 0.2, 1)
@@ -335,9 +362,9 @@ def test_pathological_errors():
 def test_partition_dispatch_errors():
     with pytest.raises(ScenarioError) as excinfo:
         partition(balanced_labels(), 4, part_cfg("bogus"), 0.2, 0)
-    assert str(excinfo.value) == ("data.partition.kind = 'bogus': expected one of dirichlet, iid, "
-                                  "pathological, shards")
-    assert set(PARTITIONERS) == {"dirichlet", "iid", "pathological", "shards"}
+    assert str(excinfo.value) == ("data.partition.kind = 'bogus': expected one of balanced_dirichlet, dirichlet, "
+                                  "iid, pathological, shards")
+    assert set(PARTITIONERS) == {"balanced_dirichlet", "dirichlet", "iid", "pathological", "shards"}
     with pytest.raises(ScenarioError, match=r"^data\.test_fraction = 1\.5"):
         partition(balanced_labels(), 4, part_cfg(), 1.5, 0)
     with pytest.raises(ScenarioError, match=r"^data\.num_clients = 2000"):

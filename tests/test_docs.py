@@ -47,7 +47,7 @@ def test_keys_md_says_what_a_key_allows_and_when_it_applies():
             if line.startswith("| `")}
     assert rows["data.partition.alpha"].endswith("| a number > 0 | `data.kind in {digits, blobs, mnist, "
                                                  "fashion_mnist, cifar10, cifar100}` and "
-                                                 "`data.partition.kind = dirichlet` |")
+                                                 "`data.partition.kind in {dirichlet, balanced_dirichlet}` |")
     assert "`execution.mode = async` and `execution.aggregation = fedbuff`" in rows["execution.buffer_size"]
     assert "`eval.personalized_steps > 0 or eval.personalized_epochs > 0`" in rows["eval.personalized_lr"]
     assert "| perfedavg |" in rows["algorithm.hessian_delta"] and "`algorithm.variant = hf`" in rows[

@@ -222,3 +222,34 @@ def test_ffgg_with_a_solved_w_refuses_what_acts_on_local_steps(tmp_path, overrid
     small_scenario(tmp_path, *QUADRATIC, "algorithm.name=local_ffgg", "algorithm.finetuner=cg",
                    "algorithm.local_steps=3", override)
     small_scenario(tmp_path, *QUADRATIC, "algorithm.local_steps=3", override)
+
+
+def test_the_deployed_loss_gap_is_the_loss_at_the_w_the_fine_tuner_leaves(tmp_path):
+    """Exp B's FFGG deploys θ with the w of its τ gradient steps, not the exact best response
+    w*(θ) that loss_gap takes: deployed_loss_gap, at the evaluation steps, against numpy (w from 0,
+    τ = 4 steps of γ_w = 1/L_w on exact gradients, then f_m(θ, w_m), minus the mean of the minima)."""
+    import pyarrow.parquet as pq
+
+    cfg = small_scenario(tmp_path, *QUADRATIC[:-1], "eval.every=5", "algorithm.local_steps=4", "algorithm.lr=1.0",
+                         "model.personal_init=zero", "execution.rounds=12")
+    prepared = prepare(cfg)
+    run_scenario(prepared, LocalRuntime())
+    rows = pq.read_table(tmp_path / "out/rounds.parquet").to_pydict()
+    assert [r for r, gap in zip(rows["round"], rows["deployed_loss_gap"]) if gap is not None] == [5, 10, 12]
+    problem = prepared.dataset
+    theta = prepared.final_params.double().numpy()[:6]
+    stats = [np.asarray(s, dtype=np.float64) for s in problem._take(np.arange(8))]
+    P, q, C, D, e, c = stats
+    gamma = 1 / max(np.linalg.eigvalsh(d).max() for d in D)  # 1/L_w
+    values, minima = [], []
+    for m in range(8):
+        w = np.zeros(3)
+        for _ in range(4):
+            w = w - gamma * (C[m].T @ theta + D[m] @ w - e[m])
+        values.append(theta @ (0.5 * P[m] @ theta - q[m] + C[m] @ w) + w @ (0.5 * D[m] @ w - e[m]) + c[m])
+        hessian = np.block([[P[m], C[m]], [C[m].T, D[m]]])
+        z = np.linalg.lstsq(hessian, np.concatenate([q[m], e[m]]), rcond=None)[0]
+        minima.append(c[m] - 0.5 * z @ np.concatenate([q[m], e[m]]))
+    expected = np.mean(values) - np.mean(minima)
+    assert rows["deployed_loss_gap"][-1] == pytest.approx(expected, rel=1e-9)
+    assert rows["deployed_loss_gap"][-1] > rows["loss_gap"][-1] * (1 + 1e-6)  # four steps leave w short of w*

@@ -34,7 +34,8 @@ CASES = {
     "fedasync": STRAGGLERS + ["execution.mode=async", "execution.concurrency=6", "execution.max_updates=40",
                               "execution.staleness.kind=polynomial", "algorithm.server_lr=0.3", "eval.every=5"],
     "fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=4",
-                             "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
+                             "execution.concurrency=6", "execution.max_updates=48", "eval.every=3",
+                             "algorithm.lr_decay=0.99"],  # each client's step decays from its own start
     "scaffold": ["algorithm.name=scaffold", "execution.rounds=8", "execution.clients_per_round=6", "eval.every=2",
                  "eval.personalized_steps=2", "eval.curvature=true",  # both evaluations in the checkpoint too,
                  "data.num_clients=12", "model.hidden=[8]"],  # on a small problem: the curvature's exact Hessian

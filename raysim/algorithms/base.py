@@ -270,6 +270,11 @@ class Algorithm:
         """[M, P] per-client models for evaluation, or None when every client uses the global one."""
         return None
 
+    def deployed(self, ctx: ClientContext, start: torch.Tensor) -> torch.Tensor | None:
+        """[C, P]: the model each client of ``ctx`` would put to use given the global ``start`` [C, P]
+        (FFGG: θ with the w its fine-tuner leaves), or None when that is the global model itself."""
+        return None
+
     # ------------------------------------------------------------------ client
 
     def client_update(self, payloads: list, ctx: ClientContext) -> ClientUpdates:

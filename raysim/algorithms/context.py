@@ -31,6 +31,7 @@ class ClientContext:
     normalize_steps: bool = False  # each client's step size is lr / (its number of local steps)
     states: list | None = None  # [C] each client's kept state (a dict of tensors, or None on a first visit)
     label_flip: tuple | None = None  # (flipped [C] bool tensor, classes): Byzantine clients train on flipped labels
+    step_scale: np.ndarray | None = None  # [C] lr_decay^t, t the server step each client starts from (None: 1)
 
     @property
     def quadratic(self) -> bool:
@@ -94,12 +95,17 @@ class ClientContext:
         return transforms.chain(*parts)
 
     def step_size(self, plan: StepPlan, lr):
-        """Each client's local step size: ``lr``, or with ``normalize_steps`` a float64 [C] tensor of
-        ``lr`` divided by the client's number of local steps E_k."""
-        if not self.normalize_steps:
+        """Each client's local step size: ``lr``, times its :attr:`step_scale` (``algorithm.lr_decay``)
+        and divided by its number of local steps E_k with ``normalize_steps``; a float64 [C]
+        tensor unless it is ``lr`` alone."""
+        if not self.normalize_steps and self.step_scale is None:
             return lr
-        steps = torch.as_tensor(plan.steps, dtype=torch.float64, device=self.device).clamp_min(1)
-        return torch.as_tensor(lr, dtype=torch.float64, device=self.device) / steps
+        size = torch.as_tensor(lr, dtype=torch.float64, device=self.device)
+        if self.step_scale is not None:
+            size = size * torch.as_tensor(self.step_scale, dtype=torch.float64, device=self.device)
+        if self.normalize_steps:
+            size = size / torch.as_tensor(plan.steps, dtype=torch.float64, device=self.device).clamp_min(1)
+        return size
 
     def start(self, payloads: list, key: str = "params") -> torch.Tensor:
         """[C, P] rows of the payloads' ``key`` on this host's device (shared when all are one)."""

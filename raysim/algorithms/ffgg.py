@@ -69,6 +69,10 @@ class FFGG(Algorithm):
                              max_grad_norm=self.cfg.max_grad_norm, only=ctx.model.personal)
         return local_train(params, ctx.oracle(plan), step).params
 
+    def deployed(self, ctx: ClientContext, start: torch.Tensor) -> torch.Tensor:
+        """θ with each client's w as training fine-tunes it (from its start, with the same fine-tuner)."""
+        return self.finetune(ctx, self.start_personal(ctx, start))
+
     def kept_states(self, ctx: ClientContext, params: torch.Tensor) -> dict:
         return {"w": params[:, ctx.model.personal_index.to(params.device)]} if self.stateful else {}
 

@@ -31,6 +31,8 @@ from raysim.system.config import byzantine_count
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 ADAPTIVE = ("adam", "yogi", "adagrad")
 ROW_DATA = when("data.kind", "quadratic", negate=True)  # clients hold rows (minibatches exist)
+decay_factor = Check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+                     "a number in (0, 1]")
 betas = Check(lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)")
 
@@ -56,6 +58,8 @@ class StepKeys(AlgorithmKeys):
     """Local gradient steps on the client."""
 
     lr: float = key(0.05, "client learning rate", check=positive)
+    lr_decay: float = key(1.0, "per-round decay of the local step size: a client that starts from server step t "
+                               "(the round, in synchronous mode) steps with lr · lr_decay^t", check=decay_factor)
     local_steps: Optional[int] = key(None, "local steps per task (null: local_epochs passes over the rows)",
                                      check=positive_int)
     weight_decay: float = key(0.0, "L2 weight decay added to every local gradient", check=non_negative)

@@ -149,7 +149,7 @@ def gaussian_mixture(num_clients: int, seed: int) -> FederatedDataset:
 
 def leaf_synthetic(num_clients: int, alpha: float, beta: float, seed: int,
                    test_fraction: float, iid: bool = False) -> FederatedDataset:
-    """Every row of LEAF/FedProx Synthetic(alpha, beta) (:class:`LeafSyntheticLaw`) in one table."""
+    """Every row of FedProx's Synthetic(alpha, beta) (:class:`LeafSyntheticLaw`) in one table."""
     return GeneratedDataset.create(LeafSyntheticLaw(seed, alpha, beta, test_fraction, iid), num_clients).materialize()
 
 

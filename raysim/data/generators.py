@@ -74,8 +74,9 @@ class GaussianMixtureLaw:
 
 
 class LeafSyntheticLaw:
-    """LEAF/FedProx Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes,
-    as the reference generators of LEAF and FedProx draw it (alpha and beta are standard deviations).
+    """FedProx's Synthetic(alpha, beta): per-client softmax-regression data, 60 features, 10 classes,
+    as FedProx's generate_synthetic.py draws it (alpha and beta are standard deviations). The kind
+    keeps the name leaf_synthetic, but LEAF's own data_generator.py is a different model.
 
     Client ``k`` draws from the stream ``(Purpose.LEAF_SYNTHETIC, k)``, in order: ``n_k = int(lognormal(4, 2)) + 50``,
     ``u_k ~ N(0, alpha²)``, ``B_k ~ N(0, beta²)``, then (non-IID) ``W_k`` (10x60) and ``b_k ~ N(u_k, 1)``,

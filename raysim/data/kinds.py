@@ -24,7 +24,8 @@ DATASETS: dict[str, str] = {
                         "10 test rows per client (keys: num_clients)",
     "leaf": "LEAF JSON (FEMNIST, Shakespeare, Synthetic) in data.path, one client per user; LEAF's train/ and "
             "test/ split, or test_fraction of each user's rows (keys: path, test_fraction)",
-    "leaf_synthetic": "LEAF/FedProx Synthetic(alpha, beta) (keys: num_clients, alpha, beta, test_fraction)",
+    "leaf_synthetic": "Synthetic(alpha, beta) as FedProx generates it (generate_synthetic.py; LEAF's own synthetic "
+                      "generator is another model) (keys: num_clients, alpha, beta, test_fraction)",
     "mnist": "MNIST IDX files in data.path, pooled and split over clients like digits "
              "(keys: path, num_clients, test_fraction, partition.*)",
     "parquet": "rows of a Parquet file or directory; the file decides the clients "

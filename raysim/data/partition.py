@@ -15,6 +15,8 @@ from raysim.errors import ScenarioError
 from raysim.streams import Purpose, stream
 
 PARTITIONERS: dict[str, str] = {
+    "balanced_dirichlet": "Dirichlet(alpha) class priors per client, every client the same number of samples "
+                          "(the balanced split of FedDyn's and FedACG's experiments; keys: alpha)",
     "dirichlet": "per-class Dirichlet(alpha) label skew, Hsu et al. 2019 (keys: alpha)",
     "iid": "uniformly random, equal-sized clients",
     "pathological": "Per-FedAvg split: half the clients hold classes 0-4, half a (j, j+5) pair "
@@ -86,6 +88,52 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction:
                         f"client a sample ({len(labels)} samples, {len(labels) / num_clients:.3g} per client); set "
                         f"data.partition.min_size (with 1 every client first takes a sample at random, which "
                         f"fills up to {len(labels)} clients) or take fewer clients")
+
+
+def balanced_dirichlet(labels: np.ndarray, num_clients: int, alpha: float, test_fraction: float,
+                       seed: int) -> Split:
+    """Every client takes ``len(labels) // num_clients`` samples (the rest stay unused): each client
+    draws its class priors ~ Dirichlet(alpha * 1), then samples are dealt one at a time to a client
+    chosen at random among those not yet full, of a class drawn from its priors among the classes
+    not yet used up (as Acar et al.'s FedDyn code deals them; a draw of a used-up class is redrawn
+    there, renormalized here, which is the same law)."""
+    labels = np.asarray(labels)
+
+    def fits(size: int) -> bool:  # a training row, and a test row unless test_fraction is 0 (split_train_test)
+        return size >= 1 and (test_fraction == 0 or 1 <= round(test_fraction * size) < size)
+
+    size = len(labels) // num_clients
+    if not fits(size):
+        smallest = next(s for s in range(1, len(labels) + 2) if fits(s) or s > len(labels))
+        raise ScenarioError("data.num_clients", num_clients,
+                            f"at most {len(labels) // smallest} for the balanced_dirichlet partition of {len(labels)} "
+                            f"samples with data.test_fraction {test_fraction:g}: each client takes {len(labels)} // "
+                            "num_clients samples and needs a training and a test row")
+    rng = stream(seed, Purpose.PARTITION)
+    classes = np.unique(labels)
+    priors = rng.dirichlet(np.full(len(classes), float(alpha)), size=num_clients)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    left = np.array([len(p) for p in pools])
+    taken = np.zeros((num_clients, len(classes)), dtype=np.int64)
+    open_clients = list(range(num_clients))
+    need = np.full(num_clients, size)
+    for u in rng.random(size * num_clients):
+        k = open_clients[int(u * len(open_clients))]
+        weights = priors[k] * (left > 0)
+        total = weights.sum()
+        p = weights / total if total > 0 else (left > 0) / (left > 0).sum()  # its priors all on used-up classes
+        c = min(int(np.searchsorted(np.cumsum(p), rng.random(), side="right")), len(classes) - 1)
+        while left[c] == 0:  # a rounding edge of the cumulative sum
+            c = (c + 1) % len(classes)
+        left[c] -= 1
+        taken[k, c] += 1
+        need[k] -= 1
+        if need[k] == 0:
+            open_clients.remove(k)
+    starts = np.cumsum(taken, axis=0) - taken  # where client k's samples of class c begin in that class's pool
+    clients = [np.concatenate([pools[c][starts[k, c]:starts[k, c] + taken[k, c]] for c in range(len(classes))])
+               for k in range(num_clients)]
+    return split_train_test(clients, test_fraction, rng)
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, test_fraction: float,
@@ -172,6 +220,8 @@ def partition(labels: np.ndarray, num_clients: int, cfg, test_fraction: float, s
     if cfg.kind == "dirichlet":
         return dirichlet(labels, num_clients, cfg.alpha, test_fraction, seed,
                          getattr(cfg, "min_size", None))
+    if cfg.kind == "balanced_dirichlet":
+        return balanced_dirichlet(labels, num_clients, cfg.alpha, test_fraction, seed)
     if cfg.kind == "shards":
         return shards(labels, num_clients, cfg.shards_per_client, test_fraction, seed)
     if cfg.kind == "pathological":

@@ -3,6 +3,7 @@ hosts), the exact metrics of a quadratic problem, or the exact objective and cur
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -111,6 +112,35 @@ class QuadraticEvaluator:
         return {"rel_error": self.problem.rel_error(center, self.theta0),
                 "grad_norm_sq": self.problem.grad_norm_sq(center),
                 "loss_gap": self.problem.loss_gap(theta, None if self.personalised else w)}
+
+
+class DeployedLoss:
+    """``deployed_loss_gap``: mean_m f_m(the model client m deploys) − mean_m min f_m over every client
+    of a quadratic problem, for an algorithm whose clients deploy a model of their own
+    (:meth:`~raysim.algorithms.base.Algorithm.deployed`: FFGG's θ with its fine-tuned w, where
+    ``loss_gap`` takes the exact best response w*(θ)). A client's personal start is drawn for the
+    evaluation at that server step; a chunk of clients at a time."""
+
+    def __init__(self, problem, model, algorithm, seed: int, threads: int):
+        self.problem, self.model, self.algorithm, self.seed, self.threads = problem, model, algorithm, seed, threads
+
+    def __call__(self, params: torch.Tensor, step: int) -> float:
+        from raysim.algorithms.context import ClientContext
+        from raysim.data.quadratic import CLIENTS_AT_ONCE
+        from raysim.streams import Purpose, streams
+
+        problem, total, d_theta = self.problem, 0.0, self.problem.d_theta
+        with torch_threads(self.threads):
+            for lo in range(0, problem.num_clients, CLIENTS_AT_ONCE):
+                ids = np.arange(lo, min(lo + CLIENTS_AT_ONCE, problem.num_clients), dtype=np.int64)
+                rngs = streams(self.seed, Purpose.DEPLOYED_START, np.stack([ids, np.full(len(ids), step)], 1))
+                ctx = ClientContext(ids, rngs, self.model, problem, torch.device("cpu"))
+                models = self.algorithm.deployed(ctx, params.expand(len(ids), -1))
+                if models is None:  # its clients use the global model (or their own kept ones: L2GD's loss_gap)
+                    return math.nan
+                models = models.double()
+                total += float(problem.value(ids, models[:, :d_theta], models[:, d_theta:]).sum())
+        return total / problem.num_clients - problem.population.f_min
 
 
 class CurvatureEvaluator:

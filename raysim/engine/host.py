@@ -123,9 +123,12 @@ class ClientHost:
             return client_tests(self.model, payloads[0]["params"].to(self.device), self.data(ids), ids)
         purpose = Purpose.CLIENT_TRAIN if task.op == "train" else Purpose.CLIENT_PERSONALIZE
         rngs = streams(self.cfg.seed, purpose, np.stack([ids, np.asarray(task.counters, dtype=np.int64)], 1))
+        decay = getattr(self.cfg.algorithm, "lr_decay", 1.0)  # the local step size's, per server step
         ctx = ClientContext(ids, rngs, self.model, self.data(ids), self.device, *self._unreliable(ids, task.op),
                             states=None if task.states is None else list(task.states),
-                            label_flip=self._label_flip(ids, task.op))
+                            label_flip=self._label_flip(ids, task.op),
+                            step_scale=decay ** np.asarray(task.versions, dtype=np.float64)
+                            if task.op == "train" and decay != 1.0 else None)
         if task.op == "personalize":
             ev = self.cfg.eval
             return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,

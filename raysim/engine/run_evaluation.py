@@ -10,7 +10,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from raysim.engine.dispatch import iter_tasks, run_tasks, task_chunks
-from raysim.engine.evaluation import CurvatureEvaluator, GlobalEvaluator, PooledTests, QuadraticEvaluator
+from raysim.engine.evaluation import (CurvatureEvaluator, DeployedLoss, GlobalEvaluator, PooledTests,
+                                      QuadraticEvaluator)
 from raysim.streams import Purpose, stream
 
 SHOWN_AFTER = 2.0  # seconds: an evaluation that lasts longer shows its own progress bar (on a terminal)
@@ -53,6 +54,8 @@ class Evaluation:
             self.client_rows = dataset.train_sizes() + dataset.test_sizes()
             self.chunk_rows = int(cfg.data.cache_mb * 2 ** 20) // (4 * dataset.num_features + 8)
         self.quadratic = None if problem is None else QuadraticEvaluator(problem, algorithm.personalised, initial)
+        self.deployed = None if problem is None or not algorithm.personalised else DeployedLoss(
+            problem, run.model, algorithm, cfg.seed, cfg.runtime.torch_threads)
         self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
             run.model, dataset, cfg.system.unreliable.weights == "uniform",
             getattr(cfg.algorithm, "weight_decay", 0.0), cfg.runtime.torch_threads)
@@ -141,14 +144,18 @@ class Evaluation:
     def diagnostics(self) -> dict:
         """The numbers the algorithm's last server step reported (its ``server_diagnostics``, such
         as FFGG's ‖F(θ)‖² estimate grad_norm_sq); rel_error, grad_norm_sq and loss_gap of the
-        current server state, exact, for quadratic problems. With ``eval.curvature``, at the
-        evaluation steps (every ``eval.every`` server steps and the last), the exact objective,
-        grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
+        current server state, exact, for quadratic problems, and at the evaluation steps the loss gap
+        at the models the clients deploy (deployed_loss_gap) where they fine-tune their own. With
+        ``eval.curvature``, at the evaluation steps (every ``eval.every`` server steps and the last),
+        the exact objective, grad_norm_sq = ‖∇J‖², hessian_min_eig and the global model's parameters."""
         run, algorithm = self.run, self.run.algorithm
         row = algorithm.diagnostics_of(run.state)
         if self.quadratic is not None:
             row.update(self.quadratic(algorithm.global_params(run.state),
                                       algorithm.client_models(run.state, run.client_state)))
-        if self.curvature is not None and (run.done or self.is_due(run.version)):
+        due = run.done or self.is_due(run.version)
+        if self.deployed is not None and due:
+            row["deployed_loss_gap"] = self.deployed(algorithm.global_params(run.state), run.version)
+        if self.curvature is not None and due:
             row.update(self.curvature(algorithm.global_params(run.state)))
         return row

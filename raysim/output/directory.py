@@ -52,7 +52,8 @@ PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some ru
 }
 """The PNGs of `raysim report`; an axis whose positive values span more than 100× is logarithmic."""
 DIAGNOSTICS = {"rel_error": "‖θ − θ*‖² / ‖θ⁰ − θ*‖²", "grad_norm_sq": "‖F(θ)‖² or ‖∇J‖²",
-               "loss_gap": "mean f_m − min f_m", "objective": "J(w)", "hessian_min_eig": "λ_min(∇²J)"}
+               "loss_gap": "mean f_m − min f_m", "deployed_loss_gap": "mean f_m at the deployed w − min f_m",
+               "objective": "J(w)", "hessian_min_eig": "λ_min(∇²J)"}
 """The diagnostics columns of rounds.parquet and what each measures (the summary keeps their last values)."""
 SERVER_DIAGNOSTIC = {b"raysim": b"server diagnostic"}
 """The field metadata of a rounds.parquet column that an algorithm's ``server_diagnostics`` adds."""
@@ -64,7 +65,7 @@ ROUNDS_SCHEMA = pa.schema([
     ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
     ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
-    ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
+    ("deployed_loss_gap", pa.float64()), ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
     ("parameters", pa.list_(pa.float64())),  # eval.curvature: the global model's flat parameters (else null)
 ])
 """rounds.parquet's own columns (an algorithm's server_diagnostics add more)."""

@@ -41,7 +41,8 @@ STATUS_COLORS = {"applied": "tab:green", "late": "tab:orange", "stale": "tab:pur
                  "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown", "diverged": "black"}
 X_AXES = {"round": "server step (round, or async model version)", "virtual_time": "virtual time (virtual s)",
           "wall_time": "wall time since training start (s)"}
-LOG_COLUMNS = ("rel_error", "grad_norm_sq", "loss_gap")  # errors and norms: log y whatever their span
+# errors and norms: log y whatever their span
+LOG_COLUMNS = ("rel_error", "grad_norm_sq", "loss_gap", "deployed_loss_gap")
 PERSONALIZED = ("personalized_accuracy", "personalized_accuracy_mean", "personalized_accuracy_ci95")
 _ROUND_COLUMNS = (*X_AXES, "train_loss", "test_loss", "test_accuracy", *PERSONALIZED, *DIAGNOSTICS)
 _EVENT_COLUMNS = ("round", "client_id", "staleness", "status", "virtual_start", "virtual_end", "byzantine")

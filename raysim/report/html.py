@@ -18,7 +18,8 @@ th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f
 td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}code{font-size:90%}
 .wide{overflow-x:auto;max-width:100%}td,th{white-space:nowrap}"""
 PERSONALIZED = ("personalized_accuracy", "personalized_accuracy_mean")  # summary.json's final_* of these
-QUADRATIC = ("rel_error", "grad_norm_sq", "loss_gap")  # summary columns of runs with exact diagnostics
+# summary columns of runs with exact diagnostics
+QUADRATIC = ("rel_error", "grad_norm_sq", "loss_gap", "deployed_loss_gap")
 
 
 def report_html(runs, images: dict[str, bytes], target: float | None = None) -> str:

@@ -31,17 +31,18 @@ ON_RAY = when("runtime.backend", "ray")  # keys of Ray's actors and cluster, whi
 MAX_TORCH_THREADS = 1024  # far more threads than cores stalls torch's first parallel operation
 
 
-def _partition(kind: str):
-    return when("data.partition.kind", kind)
+def _partition(*kinds: str):
+    return when("data.partition.kind", *kinds)
 
 
 @dataclass
 class PartitionConfig:
     """How a centralized data set (digits, blobs, and the image files: SPLIT_KINDS) is split across clients."""
 
-    kind: str = key("iid", "iid | dirichlet | shards | pathological (raysim list: partitioners)")
-    alpha: float = key(0.5, "dirichlet: concentration of the per-class Dirichlet(alpha) proportions (smaller: more "
-                            "label skew)", check=positive, when=_partition("dirichlet"))
+    kind: str = key("iid", "iid | dirichlet | balanced_dirichlet | shards | pathological (raysim list: partitioners)")
+    alpha: float = key(0.5, "dirichlet, balanced_dirichlet: concentration of the Dirichlet(alpha) class proportions "
+                            "(smaller: more label skew)", check=positive,
+                       when=_partition("dirichlet", "balanced_dirichlet"))
     min_size: Optional[int] = key(None, "dirichlet: every client first takes this many samples drawn at random, "
                                         "the rest are split by Dirichlet(alpha) (null: the proportions are "
                                         "redrawn until every client has a sample)", check=positive_int,
