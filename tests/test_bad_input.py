@@ -71,10 +71,15 @@ def write_parquet(path: Path, **columns) -> str:
     ("runtime.address=127.0.0.1:1", r"error: runtime\.address = '127\.0\.0\.1:1': expected host:port of a running "
                                     r"Ray cluster's head \(GCS\), ray://host:port, or auto: nothing answers at "
                                     r"127\.0\.0\.1:1 \(.*\)"),
-], ids=["clients", "hidden", "over_selection", "seed", "address"])
+    ("algorithm.lr_decay=1.5", r"error: algorithm\.lr_decay = 1\.5: expected a number in \(0, 1\]"),
+    ("data.partition.kind=balanced_dirichlet data.kind=digits data.num_clients=1000",
+     r"error: data\.num_clients = 1000: expected at most \d+ for the balanced_dirichlet partition of 1797 samples "
+     r"with data\.test_fraction [\d.]+: each client takes 1797 // num_clients samples and needs a training and a "
+     r"test row"),
+], ids=["clients", "hidden", "over_selection", "seed", "address", "lr_decay", "balanced_partition"])
 def test_run_refuses_in_a_real_process_and_writes_nothing(tmp_path, override, expected):
     out = tmp_path / "out"
-    proc = cli("run", QUICKSTART, f"output.dir={out}", override)
+    proc = cli("run", QUICKSTART, f"output.dir={out}", *override.split())
     assert proc.returncode == 2, proc.stderr
     assert re.fullmatch(expected, one_error_line(proc.stderr)), proc.stderr
     assert not out.exists()
