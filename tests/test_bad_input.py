@@ -156,7 +156,7 @@ def test_validate_prints_one_line(capsys, overrides, line):
 def test_a_key_of_other_algorithms_names_them(capsys):
     line = run_main(capsys, "validate", QUICKSTART, "algorithm.prox_mu=0.1")
     assert line.startswith("error: algorithm.prox_mu = 0.1: expected a key of algorithm.name=fedavg (prox_mu is a key "
-                           "of fedprox); allowed here: name, lr, local_steps,")
+                           "of fedprox); allowed here: name, lr, lr_decay, local_steps,")
     assert line.endswith("aggregator_options")  # an override: drop it rather than unset it
     line = run_main(capsys, "validate", QUICKSTART, "algorithm.name=fedprox", "algorithm.finetuner=cg")
     assert "(finetuner is a key of ffgg, local_ffgg); allowed here: name, lr," in line
