@@ -245,7 +245,8 @@ def keep_token_private(path: str = RAY_TOKEN) -> None:
         created = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         with contextlib.suppress(OSError):
-            if os.stat(path).st_uid == os.getuid() and os.stat(path).st_mode & 0o077:
+            held = os.stat(path)
+            if held.st_uid == os.getuid() and held.st_mode & 0o077:
                 os.chmod(path, 0o600)
         return
     except OSError:  # a read-only home: Ray says what it needs
@@ -366,16 +367,6 @@ class RayRuntime:
             return Scheduler(scenario, dataset.table, self.client_actors)
         self._scheduler = SchedulerActor.remote(scenario, self._table, self.client_actors)
         return RemoteScheduler(self._scheduler)
-
-    def lost_tasks(self) -> list:
-        """See :meth:`ClientActorGroup.lost_tasks` (the ClientActors of this process)."""
-        return self.client_actors.lost_tasks() if self.client_actors is not None else []
-    def describe(self) -> list:
-        """One dict per ClientActor (see ClientActor.info), as the ClientActorGroup that replaces dead ones
-        sees them: the SchedulerActor's when there is one."""
-        if self._scheduler is not None:
-            return ray.get(self._scheduler.describe.remote())
-        return self.client_actors.describe()
 
     def close(self) -> None:
         """Shut down the embedded Ray, or only this run's actors when Ray was already running."""

@@ -51,6 +51,7 @@ positive_int = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) an
 non_negative_int = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
 unit_interval = Check(lambda v: _finite(v) and 0 <= v < 1, "a number in [0, 1)")
 open_unit_interval = Check(lambda v: _finite(v) and 0 < v < 1, "a probability in (0, 1)")
+decay_factor = Check(lambda v: _finite(v) and 0 < v <= 1, "a number in (0, 1]")
 
 
 def within(low: float, high: float) -> Check:

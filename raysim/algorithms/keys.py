@@ -24,15 +24,13 @@ from raysim.errors import ScenarioError
 from raysim.algorithms.aggregator_catalog import RULES, using
 from raysim.importing import import_callable
 from raysim.robust_f import default_f, largest_f
-from raysim.schema import (Check, key, non_negative, non_negative_int, one_of, open_unit_interval, positive,
-                           positive_int, unit_interval, when)
+from raysim.schema import (Check, decay_factor, key, non_negative, non_negative_int, one_of, open_unit_interval,
+                           positive, positive_int, unit_interval, when)
 from raysim.system.config import byzantine_count
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
 ADAPTIVE = ("adam", "yogi", "adagrad")
 ROW_DATA = when("data.kind", "quadratic", negate=True)  # clients hold rows (minibatches exist)
-decay_factor = Check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
-                     "a number in (0, 1]")
 betas = Check(lambda v: len(v) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)")
 

@@ -3,7 +3,6 @@ hosts), the exact metrics of a quadratic problem, or the exact objective and cur
 
 from __future__ import annotations
 
-import math
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -11,7 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from raysim.algorithms import ClientTests, RowData
+from raysim.algorithms.context import ClientContext
 from raysim.data.federated import row_index
+from raysim.data.quadratic import CLIENTS_AT_ONCE
+from raysim.streams import Purpose, streams
 from raysim.threads import torch_threads
 
 CURVATURE_CHUNK = 2 ** 20  # rows × parameters per pass of the curvature evaluation (bounds its memory)
@@ -125,20 +127,13 @@ class DeployedLoss:
         self.problem, self.model, self.algorithm, self.seed, self.threads = problem, model, algorithm, seed, threads
 
     def __call__(self, params: torch.Tensor, step: int) -> float:
-        from raysim.algorithms.context import ClientContext
-        from raysim.data.quadratic import CLIENTS_AT_ONCE
-        from raysim.streams import Purpose, streams
-
         problem, total, d_theta = self.problem, 0.0, self.problem.d_theta
         with torch_threads(self.threads):
             for lo in range(0, problem.num_clients, CLIENTS_AT_ONCE):
                 ids = np.arange(lo, min(lo + CLIENTS_AT_ONCE, problem.num_clients), dtype=np.int64)
                 rngs = streams(self.seed, Purpose.DEPLOYED_START, np.stack([ids, np.full(len(ids), step)], 1))
                 ctx = ClientContext(ids, rngs, self.model, problem, torch.device("cpu"))
-                models = self.algorithm.deployed(ctx, params.expand(len(ids), -1))
-                if models is None:  # its clients use the global model (or their own kept ones: L2GD's loss_gap)
-                    return math.nan
-                models = models.double()
+                models = self.algorithm.deployed(ctx, params.expand(len(ids), -1)).double()
                 total += float(problem.value(ids, models[:, :d_theta], models[:, d_theta:]).sum())
         return total / problem.num_clients - problem.population.f_min
 

@@ -9,6 +9,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from raysim.algorithms.base import Algorithm
 from raysim.engine.dispatch import iter_tasks, run_tasks, task_chunks
 from raysim.engine.evaluation import (CurvatureEvaluator, DeployedLoss, GlobalEvaluator, PooledTests,
                                       QuadraticEvaluator)
@@ -54,7 +55,8 @@ class Evaluation:
             self.client_rows = dataset.train_sizes() + dataset.test_sizes()
             self.chunk_rows = int(cfg.data.cache_mb * 2 ** 20) // (4 * dataset.num_features + 8)
         self.quadratic = None if problem is None else QuadraticEvaluator(problem, algorithm.personalised, initial)
-        self.deployed = None if problem is None or not algorithm.personalised else DeployedLoss(
+        deploys_own = type(algorithm).deployed is not Algorithm.deployed  # FFGG: θ with its fine-tuned w
+        self.deployed = None if problem is None or not deploys_own else DeployedLoss(
             problem, run.model, algorithm, cfg.seed, cfg.runtime.torch_threads)
         self.curvature = None if not cfg.eval.curvature else CurvatureEvaluator(
             run.model, dataset, cfg.system.unreliable.weights == "uniform",
