@@ -368,6 +368,13 @@ class RayRuntime:
         self._scheduler = SchedulerActor.remote(scenario, self._table, self.client_actors)
         return RemoteScheduler(self._scheduler)
 
+    def describe(self) -> list:
+        """One dict per ClientActor (see ClientActor.info), as the ClientActorGroup that replaces dead ones
+        sees them: the SchedulerActor's when there is one."""
+        if self._scheduler is not None:
+            return ray.get(self._scheduler.describe.remote())
+        return self.client_actors.describe()
+
     def close(self) -> None:
         """Shut down the embedded Ray, or only this run's actors when Ray was already running."""
         if self._owns_ray:
