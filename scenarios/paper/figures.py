@@ -1,8 +1,8 @@
 """Tables and plots of the FFGG reproductions (scenarios/paper/README.md) from their results.
 
 Run the commands in scenarios/paper/README.md first, then:
-    python scenarios/paper/figures.py [results/paper] [docs/paper]
-It prints the README's tables (Markdown) and writes the PNGs.
+    python scenarios/paper/figures.py [results/paper] [docs/paper] [exp_a exp_b exp_async exp_c]
+It prints the README's tables (Markdown) and writes the PNGs (of the parts named; all by default).
 """
 
 from __future__ import annotations
@@ -42,20 +42,27 @@ def exp_a(results: Path, figures: Path) -> None:
 def exp_b(results: Path, figures: Path) -> None:
     methods = ["ffgg", "localgd", "scaffold", "l2gd"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
-    print("\n| tau | " + " | ".join(methods) + " |\n|---|" + "---|" * len(methods))
+    print("\n| tau | FFGG at w*(θ) | FFGG at its deployed w | localgd | scaffold | l2gd |\n|---|---|---|---|---|---|")
     for ax, tau in zip(axes, (100, 200, 500)):
         cells = []
         for m in methods:
             path = results / "ffgg_vs_baselines" / f"{m}_tau{tau}"
             if not path.exists():
-                cells.append("—")
+                cells += ["—", "—"] if m == "ffgg" else ["—"]
                 continue
             r = rounds(path)
             cells.append(f"{r['loss_gap'][-1]:.2e}")
-            ax.semilogy(r["round"], r["loss_gap"], label=m)
+            if m == "ffgg":  # the exact best response (every round) and what the fine-tuner deploys (evaluations)
+                rnd, deployed = np.array(r["round"]), np.array(r["deployed_loss_gap"], dtype=float)
+                keep = np.isfinite(deployed)
+                cells.append(f"{deployed[keep][-1]:.2e}")
+                ax.semilogy(rnd[keep], deployed[keep], label="ffgg, deployed w", color="C0")
+                ax.semilogy(r["round"], r["loss_gap"], "--", label="ffgg at w*(θ)", color="C0", alpha=0.6)
+            else:
+                ax.semilogy(r["round"], r["loss_gap"], label=m, color=f"C{methods.index(m)}")
         print(f"| {tau} | " + " | ".join(cells) + " |")
         ax.set(xlabel="round", title=f"τ = {tau}")
-        ax.legend()
+        ax.legend(fontsize=8)
     axes[0].set_ylabel("mean_m f_m(own model) − min f_m")
     fig.tight_layout()
     fig.savefig(figures / "exp_b_ffgg_vs_baselines.png", dpi=110)
@@ -100,12 +107,15 @@ def exp_c(results: Path, figures: Path) -> None:
     fig.savefig(figures / "exp_c_digits.png", dpi=110)
 
 
+PARTS = {"exp_a": exp_a, "exp_b": exp_b, "exp_async": exp_async, "exp_c": exp_c}
+
+
 def main() -> None:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "results/paper")
     figures = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/paper")
     figures.mkdir(parents=True, exist_ok=True)
-    for part in (exp_a, exp_b, exp_async, exp_c):
-        part(results, figures)
+    for name in sys.argv[3:] or PARTS:
+        PARTS[name](results, figures)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
-"""The FedACG reproduction's tables and figures (scenarios/paper/fedacg/README.md), from its sweep.
+"""The FedACG reproduction's tables and figures beyond the tuned main comparison
+(scenarios/paper/fedacg/README.md), from the sweep of ``sweep.yaml``; the helpers here serve
+``summarize_tuned.py`` too.
 
     raysim sweep scenarios/paper/fedacg/sweep.yaml --parallel 2
-    python scenarios/paper/fedacg/summarize.py [results/paper/fedacg] [--settings main,n500,...] [--figures docs/paper]
+    python scenarios/paper/fedacg/summarize.py [results/paper/fedacg] [--figures docs/paper]
 
 Reads the sweep's sweep.parquet and each completed point's ``rounds.parquet``, computes the EMA
-(factor 0.9) of the test accuracy, prints Markdown tables (ours, and the paper's numbers beside
-ours) and writes ``<figures>/fedacg_<setting>.png`` (mean EMA accuracy vs round, ±1 std band over
-seeds).
+(factor 0.9) of the test accuracy, and prints, per setting (Dir(0.6), iid, digits, 500 clients),
+every method at every value of its grid and at its best value (by mean final EMA accuracy), with
+the rounds to two absolute targets fixed before we looked at the runs, and FedACG's λ × β grid;
+then the Table 4 ablations (main setting and 500 clients) beside the paper's numbers. Writes
+``<figures>/fedacg_<setting>.png`` (each method at its best value) and
+``<figures>/fedacg_<main|n500>_ablation.png`` (mean EMA accuracy vs round, ±1 std band over seeds).
 """
 
 from __future__ import annotations
@@ -21,34 +26,29 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 
-MAIN = ["fedavg", "fedprox", "fedavgm", "fedadam", "feddyn", "scaffold", "fedacg"]
 ABLATION = ["fedprox_reg_only", "fedavgm_momentum_only", "fedacg_no_lookahead", "fedacg_no_reg"]
 FEW = ["fedavg", "fedavgm", "feddyn", "fedacg"]
 LABEL = {
-    "fedavg": "FedAvg", "fedprox": "FedProx (μ=0.001)", "fedavgm": "FedAvgM (β=0.8)",
-    "fedadam": "FedAdam (η=0.01, τ=1e-3)", "feddyn": "FedDyn (α=0.01)", "scaffold": "SCAFFOLD",
-    "fedacg": "FedACG (λ=0.85, β=0.01)", "fedprox_reg_only": "reg only: FedProx μ=0.01",
-    "fedavgm_momentum_only": "momentum only: FedAvgM β=0.85",
-    "fedacg_no_lookahead": "momentum + reg (no lookahead)", "fedacg_no_reg": "momentum + lookahead (β=0)",
+    "fedavg": "FedAvg", "fedavgm": "FedAvgM β", "feddyn": "FedDyn α", "fedacg": "FedACG (λ, β)",
+    "fedprox_reg_only": "reg only: FedProx μ = 0.01", "fedavgm_momentum_only": "momentum only: FedAvgM β = 0.85",
+    "fedacg_no_lookahead": "momentum + reg (no lookahead)", "fedacg_no_reg": "momentum + lookahead (β = 0)",
 }
+HYPER = {"fedavgm": "algorithm.server_momentum", "feddyn": "algorithm.dyn_alpha"}
+FILE_VALUE = {"fedavgm": 0.4, "feddyn": 0.01, "fedacg": (0.85, 0.01)}  # the files' values (the ablation's FedACG)
 
-# setting (a label of sweep.yaml) -> (title, methods)
+# setting (a label of sweep.yaml) -> (title, absolute EMA-accuracy targets, fixed before we looked at the runs)
 SETTINGS = {
-    "main": ("blobs, Dir(0.3), 100 clients, 5% (5/round), batch 50, 200 rounds", MAIN + ABLATION),
-    "dir06": ("blobs, Dir(0.6), 100 clients, 5%, batch 50, 100 rounds", FEW),
-    "iid": ("blobs, iid, 100 clients, 5%, batch 50, 100 rounds", FEW),
-    "digits": ("digits, Dir(0.3), 100 clients, 5%, batch 5, 100 rounds", FEW),
-    "n500": ("blobs, Dir(0.3), 500 clients, 2% (10/round), batch 10, 100 rounds", FEW + ABLATION),
+    "dir06": ("blobs, balanced Dir(0.6), 100 clients, 5%, batch 50, 100 rounds", (0.70, 0.75)),
+    "iid": ("blobs, iid, 100 clients, 5%, batch 50, 100 rounds", (0.70, 0.75)),
+    "digits": ("digits, balanced Dir(0.3), 100 clients, 5%, batch 5, 100 rounds", (0.85, 0.90)),
+    "n500": ("blobs, balanced Dir(0.3), 500 clients, 2% (10/round), batch 10, 100 rounds", (0.70, 0.75)),
 }
+ABLATION_SETTINGS = {"main": ("blobs, balanced Dir(0.3), 100 clients, 5%, 200 rounds", (0.70, 0.75)),
+                     "n500": SETTINGS["n500"][:2]}
 
-# The paper's CIFAR-10 accuracies (%) at 1000 rounds (EMA 0.9), Dir(0.3).
-PAPER = {
-    "main": {"fedavg": 82.53, "fedprox": 82.68, "fedavgm": 85.48, "fedadam": 81.73, "feddyn": 88.10,
-             "fedacg": 89.10},
-    "n500": {"fedavg": 71.45, "fedavgm": 77.49, "feddyn": 77.92, "fedacg": 82.80,
-             "fedprox_reg_only": 70.75, "fedavgm_momentum_only": 77.49, "fedacg_no_lookahead": 76.16,
-             "fedacg_no_reg": 82.20},
-}
+# The paper's CIFAR-10 accuracies (%) at 1000 rounds (EMA 0.9), Dir(0.3), 500 clients 2% (its Table 4).
+PAPER_ABLATION = {"fedavg": 71.45, "fedprox_reg_only": 70.75, "fedavgm_momentum_only": 77.49,
+                  "fedacg_no_lookahead": 76.16, "fedacg_no_reg": 82.20, "fedacg": 82.80}
 ABLATION_ROWS = [  # (momentum, accelerated init, local reg, method)
     ("", "", "", "fedavg"), ("", "", "✓", "fedprox_reg_only"), ("✓", "", "", "fedavgm_momentum_only"),
     ("✓", "", "✓", "fedacg_no_lookahead"), ("✓", "✓", "", "fedacg_no_reg"), ("✓", "✓", "✓", "fedacg"),
@@ -56,15 +56,25 @@ ABLATION_ROWS = [  # (momentum, accelerated init, local reg, method)
 EMA = 0.9
 
 
+def value_of(point: dict, method: str):
+    """The point's hyperparameter value (the file's where the grid leaves it; None for FedAvg and the ablation)."""
+    if method == "fedacg":
+        return (point.get("algorithm.acg_lambda") or 0.85, point.get("algorithm.acg_beta") or 0.01)
+    if method in HYPER:
+        return point.get(HYPER[method]) or FILE_VALUE[method]
+    return None
+
+
 def accuracies(results: Path) -> dict:
-    """{(setting, method): [(rounds, test accuracy) per completed seed, in seed order]}; a method is
-    its scenario file's name."""
+    """{(setting, method, value): [(rounds, test accuracy) per completed seed, in seed order]}; a
+    method is its scenario file's name."""
     found = {}
     for point in sorted(pq.read_table(results / "sweep.parquet").to_pylist(), key=lambda p: p["seed"]):
         if point["status"] == "completed":
             table = pq.read_table(Path(point["output_dir"]) / "rounds.parquet", columns=["round", "test_accuracy"])
             rnd, acc = (np.array(table.column(c).to_pylist(), dtype=float) for c in ("round", "test_accuracy"))
-            found.setdefault((point["setting"], Path(point["scenario"]).stem), []).append((rnd, acc))
+            method = Path(point["scenario"]).stem
+            found.setdefault((point["setting"], method, value_of(point, method)), []).append((rnd, acc))
     return found
 
 
@@ -107,97 +117,113 @@ def hits_cell(hits: list) -> str:
     return cell if len(got) == len(hits) else f"{cell} ({len(got)}/{len(hits)} seeds)"
 
 
-def summarize_setting(setting: str, found: dict, figures: Path) -> dict:
+def label(method: str, value) -> str:
+    shown = "" if value is None else " = " + (f"({value[0]:g}, {value[1]:g})" if isinstance(value, tuple)
+                                               else f"{value:g}")
+    return LABEL[method] + shown
+
+
+def cells(runs: list, targets: tuple) -> tuple:
+    """(final EMA accuracies % per seed, [rounds-to-target cell per target], (rounds, EMA per seed))."""
+    rnd, e = curves(runs)
+    return 100 * e[:, -1], [hits_cell([first_hit(rnd, s, t) for s in e]) for t in targets], (rnd, e)
+
+
+def draw(curves_by_label: dict, title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    title, methods = SETTINGS[setting]
-    data = {m: curves(found[setting, m]) for m in methods if (setting, m) in found}
-    if not data:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, (rnd, e) in curves_by_label.items():
+        mean = 100 * e.mean(0)
+        std = 100 * e.std(0, ddof=1) if len(e) > 1 else 0 * mean
+        ax.plot(rnd, mean, label=name, lw=2 if name.startswith("FedACG") else 1.2)
+        ax.fill_between(rnd, mean - std, mean + std, alpha=0.15)
+    ax.set(xlabel="round", ylabel="test accuracy, EMA 0.9 (%)", title=title)
+    ax.set_ylim(bottom=max(0, min(100 * e.mean(0)[len(r) // 10] for r, e in curves_by_label.values()) - 5))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"\n![{path.stem}]({os.path.relpath(path, HERE)})")
+
+
+def summarize_setting(setting: str, found: dict, figures: Path) -> None:
+    """Every point of a tuned setting, each method at its best value, FedACG's λ × β grid, the figure."""
+    title, targets = SETTINGS[setting]
+    keys = [k for k in found if k[0] == setting and k[1] in FEW]
+    if not keys:
         print(f"\n### {setting}: no complete runs yet")
-        return {}
-    ref = data["fedacg"][1][:, -1].mean() if "fedacg" in data else None
-    stats = {}
-    seeds = sorted({len(found[setting, m]) for m in data})
-    print(f"\n### {setting}: {title} ({'/'.join(map(str, seeds))} seeds)\n")
-    if ref is not None:
-        print(f"Targets: 90% / 95% of FedACG's final EMA accuracy ({100 * ref:.2f}%): "
-              f"{90 * ref:.2f}% / {95 * ref:.2f}%\n")
-    print("| method | final EMA acc. % | final acc. (no EMA) % | rounds to 90% | rounds to 95% |\n|---|---|---|---|---|")
-    for m, (rnd, e) in data.items():
-        final = 100 * e[:, -1]
-        hit90 = [first_hit(rnd, s, 0.90 * ref) for s in e] if ref is not None else []
-        hit95 = [first_hit(rnd, s, 0.95 * ref) for s in e] if ref is not None else []
-        raw = [100 * acc[-1] for _, acc in found[setting, m]]  # the last round's, without EMA
-        stats[m] = {"final": final, "hit90": hit90, "hit95": hit95}
-        print(f"| {LABEL[m]} | {pm(final)} | {pm(raw)} | {hits_cell(hit90) if hit90 else '—'} | "
-              f"{hits_cell(hit95) if hit95 else '—'} |")
-    groups = [("", [m for m in data if m not in ABLATION])]
-    if any(m in ABLATION for m in data):
-        groups.append(("_ablation", [m for m in ("fedavg", *ABLATION, "fedacg") if m in data]))
-    for suffix, group in groups:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for m in group:
-            rnd, e = data[m]
-            mean, std = 100 * e.mean(0), 100 * e.std(0, ddof=1) if len(e) > 1 else 0 * e[0]
-            ax.plot(rnd, mean, label=LABEL[m], lw=2 if m == "fedacg" else 1.2)
-            ax.fill_between(rnd, mean - std, mean + std, alpha=0.15)
-        ax.set(xlabel="round", ylabel="test accuracy, EMA 0.9 (%)",
-               title=("ablation: " if suffix else "") + title)
-        ax.set_ylim(bottom=max(0, min(100 * data[m][1].mean(0)[len(data[m][0]) // 10] for m in group) - 5))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        path = figures / f"fedacg_{setting}{suffix}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        print(f"\n![{setting}{suffix}]({os.path.relpath(path, HERE)})")
-    return stats
+        return
+    head = " | ".join(f"rounds to {100 * t:.0f}%" for t in targets)
+    print(f"\n### {setting}: {title} (seeds: {sorted({len(found[k]) for k in keys})})\n")
+    print(f"| method | final EMA acc. % | {head} |\n|---|---|" + "---|" * len(targets))
+    best = {}
+    for _, method, value in sorted(keys, key=lambda k: (FEW.index(k[1]), str(k[2]))):
+        final, hits, curve = cells(found[setting, method, value], targets)
+        print(f"| {label(method, value)} | {pm(final)} | {' | '.join(hits)} |")
+        if method not in best or final.mean() > best[method][1].mean():
+            best[method] = (value, final, hits, curve)
+    print(f"\nEach method at its best value:\n\n| method | final EMA acc. % | {head} |\n|---|---|" + "---|" * len(targets))
+    for method, (value, final, hits, _) in sorted(best.items(), key=lambda kv: -kv[1][1].mean()):
+        print(f"| {label(method, value)} | {pm(final)} | {' | '.join(hits)} |")
+    grid = {k[2]: cells(found[k], targets)[0].mean() for k in keys if k[1] == "fedacg"}
+    lambdas, betas = sorted({v[0] for v in grid}), sorted({v[1] for v in grid})
+    print("\nFedACG, final EMA acc. % (rows λ, columns β):\n\n| λ \\ β | " + " | ".join(f"{b:g}" for b in betas)
+          + " |\n|---|" + "---|" * len(betas))
+    for lam in lambdas:
+        print(f"| {lam:g} | " + " | ".join(f"{grid[lam, b]:.2f}" if (lam, b) in grid else "—" for b in betas) + " |")
+    draw({label(m, v): c for m, (v, _, _, c) in best.items()}, title + ": each method tuned",
+         figures / f"fedacg_{setting}.png")
+
+
+def summarize_ablation(setting: str, found: dict, figures: Path) -> None:
+    """The Table 4 ablation of a setting at FedACG's λ = 0.85, β = 0.01, beside the paper's."""
+    title, targets = ABLATION_SETTINGS[setting]
+    rows = [(mom, acc, reg, m, value_of({}, m)) for mom, acc, reg, m in ABLATION_ROWS]
+    if not all((setting, m, v) in found for *_, m, v in rows):
+        print(f"\n### ablation, {setting}: incomplete")
+        return
+    head = " / ".join(f"{100 * t:.0f}%" for t in targets)
+    print(f"\n### Table 4 ablation, {setting}: {title}\n")
+    print(f"| momentum | lookahead | local reg. | method | paper acc. % (500 cl.) | ours: final EMA acc. % | "
+          f"ours − FedAvg | rounds to {head} |\n|---|---|---|---|---|---|---|---|")
+    base = cells(found[setting, "fedavg", None], targets)[0].mean()
+    curves_by_label = {}
+    for mom, acc, reg, m, v in rows:
+        final, hits, curve = cells(found[setting, m, v], targets)
+        curves_by_label[label(m, v)] = curve
+        print(f"| {mom} | {acc} | {reg} | {label(m, v)} | {PAPER_ABLATION[m]:.2f} | {pm(final)} | "
+              f"{final.mean() - base:+.2f} | {' / '.join(hits)} |")
+    draw(curves_by_label, "ablation: " + title, figures / f"fedacg_{setting}_ablation.png")
 
 
 def summarize(args) -> int:
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
     found = accuracies(Path(args.results))
-    stats = {s: summarize_setting(s, found, figures) for s in args.settings}
-    for setting, paper in PAPER.items():
-        st = stats.get(setting) or {}
-        if not st:
-            continue
-        print(f"\n### paper (CIFAR-10, ResNet-18, 1000 rounds) vs ours ({setting})\n")
-        print("| method | paper acc. % | paper rank | ours: final EMA acc. % | our rank |\n|---|---|---|---|---|")
-        ms = [m for m in paper if m in st and m not in ABLATION]
-        p_rank = {m: i + 1 for i, m in enumerate(sorted(ms, key=lambda m: -paper[m]))}
-        o_rank = {m: i + 1 for i, m in enumerate(sorted(ms, key=lambda m: -st[m]["final"].mean()))}
-        for m in ms:
-            print(f"| {LABEL[m]} | {paper[m]:.2f} | {p_rank[m]} | {pm(st[m]['final'])} | {o_rank[m]} |")
-        for m in ("scaffold",):
-            if m in st:
-                print(f"| {LABEL[m]} | — | — | {pm(st[m]['final'])} | — |")
-        if all(m in st for *_, m in ABLATION_ROWS):
-            print(f"\n### Table 4 ablation: paper ({'500 clients 2%'}) vs ours ({setting})\n")
-            print("| momentum | accel. init | local reg | method | paper acc. % | ours: final EMA acc. % | "
-                  "ours − FedAvg |\n|---|---|---|---|---|---|---|")
-            base = st["fedavg"]["final"].mean()
-            for mom, acc, reg, m in ABLATION_ROWS:
-                p = PAPER["n500"].get(m)
-                print(f"| {mom} | {acc} | {reg} | {LABEL[m]} | {p:.2f} | {pm(st[m]['final'])} | "
-                      f"{st[m]['final'].mean() - base:+.2f} |")
+    for setting in args.settings:
+        if setting in SETTINGS:
+            summarize_setting(setting, found, figures)
+        if setting in ABLATION_SETTINGS:
+            summarize_ablation(setting, found, figures)
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", default="results/paper/fedacg", help="the sweep's directory")
-    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: " + ",".join(SETTINGS))
+    names = ["main", *SETTINGS]
+    parser.add_argument("--settings", default=",".join(names), help="comma-separated: " + ",".join(names))
     parser.add_argument("--figures", default="docs/paper")
     args = parser.parse_args(argv)
     args.settings = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in args.settings if s not in SETTINGS]
+    unknown = [s for s in args.settings if s not in names]
     if unknown:
-        parser.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+        parser.error(f"unknown settings {unknown}; choose from {names}")
     return summarize(args)
 
 
