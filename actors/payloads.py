@@ -35,6 +35,7 @@ def unpack(refs: dict, groups: list) -> dict:
 
     payloads = dict(zip(refs, ray.get(list(refs.values())))) if refs else {}
     for versions, stacked in groups:
-        for row, version in enumerate(versions):  # a copy of its own per version (Ray's arrays are read-only)
-            payloads[version] = {key: torch.from_numpy(array[row].copy()) for key, array in stacked.items()}
+        # a copy of its own per version (Ray's arrays are read-only), a 0-d one (a scalar) too
+        for row, version in enumerate(versions):
+            payloads[version] = {key: torch.from_numpy(np.array(array[row])) for key, array in stacked.items()}
     return payloads

@@ -216,6 +216,10 @@ def cmd_validate(args) -> int:
           f"features {list(dataset.feature_shape)}, model {cfg.model.kind} with {model.size} parameters, "
           f"algorithm {cfg.algorithm.name}, {budget}; {summary(cfg)}")
     print(_durations(prepared, cfg.execution))
+    if cfg.privacy.mechanism != "none":
+        from raysim.privacy.accounting import plan_line
+
+        print(plan_line(prepared.scenario, dataset.num_clients))
     return 0
 
 
@@ -245,6 +249,7 @@ def cmd_list(args) -> int:
     from raysim.algorithms.aggregator_catalog import AGGREGATOR_DOCS
     from raysim.schema import describe
     from raysim.system.config import DISTRIBUTIONS
+    from raysim.privacy.config import ACCOUNTANTS, MECHANISMS
 
     if args.markdown:  # the key reference, docs/keys.md (or one algorithm's keys) as Markdown
         from raysim import reference
@@ -281,6 +286,8 @@ def cmd_list(args) -> int:
                "aggregators (algorithm.aggregator)": AGGREGATOR_DOCS,
                "Byzantine attacks (system.byzantine.attack)": {name.split(".", 1)[1]: doc for name, doc in
                                                                DISTRIBUTIONS.items() if name.startswith("attack.")},
+               "privacy mechanisms (privacy.mechanism)": MECHANISMS,
+               "privacy accountants (privacy.accountant)": ACCOUNTANTS,
                "scenario keys": keys(scenario)}
     print(yaml.safe_dump(listing, sort_keys=False, allow_unicode=True, width=110), end="")
     return 0
@@ -348,15 +355,15 @@ def cmd_bench(args) -> int:
         if value < 1:
             raise ScenarioError(option, value, "an integer >= 1")
     if args.baseline is not None:
-        if args.durability or args.aggregators or args.scale:
-            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators or --scale with it "
-                                                             "(it runs beside W1, W2 and --async)")
+        if args.durability or args.aggregators or args.scale or args.privacy:
+            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale or --privacy "
+                                                             "with it (it runs beside W1, W2 and --async)")
         if not all((Path(args.baseline) / part).exists() for part in ("raysim/cli.py", "scenarios/bench")):
             raise ScenarioError("--baseline", args.baseline, "a raysim checkout, with raysim/cli.py and "
                                                              "scenarios/bench/ (git worktree add DIR COMMIT makes one)")
     return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
                      durability=args.durability, events=args.events, aggregators=args.aggregators, scale=args.scale,
-                     scale_clients=args.clients, baseline=args.baseline)
+                     scale_clients=args.clients, baseline=args.baseline, privacy=args.privacy)
 
 
 def _job_options(p, address: str) -> None:
@@ -433,6 +440,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--scale", action="store_true",
                        help="W1 with --clients registered clients against W1 (1,000): round time, time to the "
                             "first round and peak memory of the process tree")
+    bench.add_argument("--privacy", action="store_true",
+                       help="W1 (60 rounds) with central DP against W1: the overhead of clipping, noise and "
+                            "accounting")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--baseline", metavar="DIR",

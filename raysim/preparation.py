@@ -16,6 +16,7 @@ from raysim.data.kinds import CLIENTS_FROM_FILES
 from raysim.footprint import check_fits
 from raysim.output import OutputDir
 from raysim.scenario import Scenario, scenario_object, to_yaml
+from raysim.scenario.schema import result_keys
 from raysim.scenario.validate import check_data_set, check_model
 from raysim.startup import STARTUP
 from raysim.system import SystemModel
@@ -40,6 +41,7 @@ class Prepared:
     output: OutputDir
     scenario: Scenario  # the scenario as the engine and the client hosts read it (plain dataclasses)
     scenario_yaml: str  # the scenario as the run saves it (scenario.yaml)
+    result_keys: dict  # the keys of scenario.yaml that decide results (a checkpoint holds them)
     final_params: object = None  # the final global parameters, once run_scenario has finished
 
 
@@ -74,6 +76,7 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
               "built on demand), a chunk at a time; set eval.clients to evaluate a seeded sample of them",
               file=sys.stderr)
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
+    noise_multiplier = _plan_privacy(cfg, dataset.num_clients)
     output = OutputDir.open(cfg.output.dir, create=create_output)
     if create_output:
         output.claim()  # a second live run into this directory is refused here, before Ray starts
@@ -84,16 +87,35 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
         elif create_output:
             output.take_over(replace)
         scenario, text = scenario_object(cfg), to_yaml(cfg)
+        keys = result_keys(scenario)  # as scenario.yaml holds them, which a resume compares
+        scenario.privacy.noise_multiplier = noise_multiplier  # calibrated to privacy.target_epsilon, if set
         STARTUP.info(f"building the model ({cfg.model.kind}) …")
         if meanwhile is None:
-            return Prepared(dataset, _build_model(cfg, dataset), output, scenario, text)
+            return Prepared(dataset, _build_model(cfg, dataset), output, scenario, text, keys)
         with ThreadPoolExecutor(1, thread_name_prefix="raysim-model") as pool:
             model = pool.submit(_build_model, cfg, dataset)
             meanwhile()
-            return Prepared(dataset, model.result(), output, scenario, text)
+            return Prepared(dataset, model.result(), output, scenario, text, keys)
     except BaseException:
         output.release()
         raise
+
+
+def _plan_privacy(cfg, num_clients: int) -> float | None:
+    """With differential privacy: warn when δ is not below 1/N, and return the noise multiplier z
+    (``privacy.noise_multiplier``, or calibrated to ``privacy.target_epsilon``, with a note)."""
+    if cfg.privacy.mechanism == "none":
+        return None
+    from raysim.privacy.accounting import check_count_noise, check_delta, planned_noise_multiplier
+
+    warning = check_delta(cfg, num_clients)
+    if warning is not None:
+        print(warning, file=sys.stderr)
+    if cfg.privacy.target_epsilon is not None:
+        STARTUP.info(f"calibrating privacy.noise_multiplier to ε = {cfg.privacy.target_epsilon:g} …")
+    z = planned_noise_multiplier(cfg, num_clients)
+    check_count_noise(cfg, z)
+    return z
 
 
 def _build_model(cfg, dataset) -> FlatModel:

@@ -19,6 +19,7 @@ from raysim.scenario import Scenario
 from raysim.data import DATASETS
 from raysim.data.partition import PARTITIONERS
 from raysim.schema import Rule, When, path_schema
+from raysim.privacy.config import ACCOUNTANTS, MECHANISMS
 from raysim.system.config import DISTRIBUTIONS
 
 COMMAND = "raysim list --markdown > docs/keys.md"
@@ -151,6 +152,8 @@ SECTIONS = {  # top-level section -> what it holds
     "execution": "How the server drives training: synchronous rounds or asynchronous updates.",
     "system": "The virtual-time system model: devices, networks, availability, dropout, unreliable agents, "
               "Byzantine clients.",
+    "privacy": "Differential privacy of the clients' updates (clipping, noise, adaptive clipping) and the "
+               "accounting of the ε a run spends.",
     "runtime": "Where client work runs: Ray's actors or this process. No key here changes results.",
     "eval": "Evaluation of the global model, and of personalized models.",
     "output": "The run's directory and what is written there.",
@@ -187,7 +190,8 @@ def markdown() -> str:
             "own data set, model, algorithm or aggregator).", ""]
     models = {name: kind.doc for name, kind in MODELS.items()}
     named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", models),
-             ("algorithm.aggregator", AGGREGATOR_DOCS)]
+             ("algorithm.aggregator", AGGREGATOR_DOCS), ("privacy.mechanism", MECHANISMS),
+             ("privacy.accountant", ACCOUNTANTS)]
     sections = dict.fromkeys(name.split(".")[0] for name in DISTRIBUTIONS)  # in the order they are declared
     named += [(_system_keys(s), {n.split(".", 1)[1]: d for n, d in DISTRIBUTIONS.items() if n.split(".")[0] == s})
               for s in sections]

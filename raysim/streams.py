@@ -51,6 +51,9 @@ class Purpose(IntEnum):
     BUCKETING = 21  # (aggregations so far,): the random permutation of bucketing at that aggregation
     SYNTHETIC_IMAGES = 22  # (): the class prototypes; (client,): a client's shift, labels and noise
     DEPLOYED_START = 23  # (client, server step): the personal start of the deployed-model evaluation
+    DP_NOISE = 24  # (server step,): central DP's Gaussian noise on that step's sum
+    POISSON_ROUND = 25  # (counter,): the size of a Poisson-sampled round (execution.sampling: poisson)
+    DP_TREE_NODE = 26  # (tree, level, index): DP-FTRL's Gaussian noise of one node of an aggregation tree
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

@@ -129,9 +129,9 @@ LAYERS = (  # bottom up; a module sits in the layer of the longest name that hol
     ("raysim.errors", "raysim.importing", "raysim.robust_f", "raysim.streams", "raysim.threads", "raysim.import_path",
      "raysim.startup",
      "raysim.schema", "raysim.measure", "raysim.data.kinds", "raysim.algorithms.aggregator_catalog",
-     "raysim.system.config", "raysim.algorithms$",
-     "raysim.data$", "raysim.system$"),  # the ground floor, and the packages that load their modules lazily
-    ("raysim.data", "raysim.system", "raysim.output"),  # data sets, the system model, the logs
+     "raysim.system.config", "raysim.privacy.config", "raysim.algorithms$",
+     "raysim.data$", "raysim.system$", "raysim.privacy$"),  # the ground floor, and the packages that load lazily
+    ("raysim.data", "raysim.system", "raysim.output", "raysim.privacy"),  # data sets, system model, logs, accounting
     ("raysim.catalog", "raysim.algorithms.keys", "raysim.scenario$", "raysim.scenario.schema"),  # names, the schema
     ("raysim.scenario", "raysim.footprint"),  # loading and checking a scenario
     ("raysim.models", "raysim.algorithms", "raysim.pipeline"),  # torch

@@ -92,7 +92,7 @@ class Halve(ClientStage):
 
     name = "halve"
 
-    def update(self, updates, ctx):
+    def update(self, updates, ctx, payloads):
         updates.vector = updates.vector / 2
         return updates
 

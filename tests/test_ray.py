@@ -52,6 +52,14 @@ def test_quickstart_on_two_actors_reaches_accuracy(ray_session, tmp_path):
 STRAGGLERS = ["system.compute.kind=lognormal", "system.compute.slow_fraction=0.1", "system.compute.noise=0.2",
               "system.compute.seconds_per_sample=0.05", "system.dropout=0.05"]
 MODES = {
+    # differential privacy: Poisson rounds, central noise with adaptive clipping; local DP under FedBuff
+    "central_dp_poisson_adaptive": ["execution.rounds=4", "execution.sampling=poisson", "runtime.clients_per_task=3",
+                                    "privacy.mechanism=central", "privacy.noise_multiplier=0.8",
+                                    "privacy.clip_norm=0.5", "privacy.adaptive_clip.target_quantile=0.5",
+                                    "privacy.adaptive_clip.count_noise=1"],
+    "local_dp_fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=6",
+                                      "execution.concurrency=12", "execution.max_updates=36",
+                                      "privacy.mechanism=local", "privacy.noise_multiplier=0.3"],
     "sync": ["execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2",
              "eval.personalized_steps=2", "data.on_demand=true", "eval.clients=15"],
     # the global model tested by the hosts (eval.where: actors), each evaluation spread over them
@@ -132,7 +140,8 @@ def test_identical_results_on_local_and_ray_with_1_2_4_actors(ray_session, tmp_p
     reference = summaries["local"]
     for name in runs:
         assert summaries[name]["model_sha256"] == reference["model_sha256"], name
-        for key in ["final_test_accuracy", "final_test_loss", "final_personalized_accuracy", "client_updates"]:
+        for key in ["final_test_accuracy", "final_test_loss", "final_personalized_accuracy", "client_updates",
+                    "privacy"]:
             assert summaries[name][key] == reference[key], (name, key)
         for table in ["rounds.parquet", "events.parquet"]:
             assert _deterministic_columns(tmp_path / name / "out" / table) == \

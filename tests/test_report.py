@@ -32,9 +32,10 @@ QUADRATIC = ["loss_vs_round.png", "loss_vs_virtual_time.png", "loss_vs_wall_time
 
 
 def make_run(path, name: str, virtual: bool, seed: int = 0, tasks: int = 400, time_scale: float = 2.5,
-             quadratic: bool = False, personalized: bool = False, byzantine: bool = False) -> str:
+             quadratic: bool = False, personalized: bool = False, byzantine: bool = False,
+             private: bool = False) -> str:
     """A run directory like the simulator's; ``virtual`` adds the virtual-time scheduler's columns,
-    ``quadratic`` exact diagnostics instead of accuracy."""
+    ``quadratic`` exact diagnostics instead of accuracy, ``private`` the ε spent (at the evaluations)."""
     rng = np.random.default_rng(seed)
     os.makedirs(path)
     rounds = 10
@@ -56,6 +57,8 @@ def make_run(path, name: str, virtual: bool, seed: int = 0, tasks: int = 400, ti
         columns.update(personalized_accuracy=pa.array([None if a is None else a + 0.1 for a in accuracy]),
                        personalized_accuracy_mean=pa.array([None if a is None else a + 0.08 for a in accuracy]),
                        personalized_accuracy_ci95=pa.array([None if a is None else 0.02 for a in accuracy]))
+    if private:
+        columns["epsilon"] = pa.array([None if a is None else 0.3 * (r + 1) ** 0.5 for r, a in enumerate(accuracy)])
     pq.write_table(pa.table(columns), os.path.join(path, "rounds.parquet"))
     events = {
         "round": rng.integers(1, rounds + 1, tasks), "client_id": rng.integers(0, 50, tasks),
@@ -90,7 +93,7 @@ def assert_png(path: str) -> None:
 
 
 def test_report_of_several_runs_writes_every_plot(tmp_path):
-    runs = [make_run(tmp_path / "alpha_1", "alpha", virtual=True, personalized=True, byzantine=True),
+    runs = [make_run(tmp_path / "alpha_1", "alpha", virtual=True, personalized=True, byzantine=True, private=True),
             make_run(tmp_path / "beta", "beta", virtual=False, seed=1),
             make_run(tmp_path / "alpha_2", "alpha", virtual=False, seed=2),
             make_run(tmp_path / "quad", "quad", virtual=False, seed=3, quadratic=True)]

@@ -50,6 +50,14 @@ CASES = {
         "execution.buffer_size=4", "execution.concurrency=6", "execution.max_updates=48", "eval.every=3",
         "system.unreliable.local_steps.kind=uniform_int", "system.unreliable.local_steps.low=1",
         "system.unreliable.local_steps.high=6"],
+    "central_dp_poisson_adaptive": ["execution.rounds=8", "execution.clients_per_round=6", "eval.every=2",
+                                    "execution.sampling=poisson", "privacy.mechanism=central",
+                                    "privacy.target_epsilon=4", "privacy.clip_norm=0.5",
+                                    "privacy.adaptive_clip.target_quantile=0.5", "privacy.adaptive_clip.count_noise=1"],
+    "dp_ftrl_restarts_fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff",
+                                              "execution.buffer_size=4", "execution.concurrency=6",
+                                              "execution.max_updates=48", "eval.every=3", "privacy.mechanism=dp_ftrl",
+                                              "privacy.noise_multiplier=0.7", "privacy.tree_restart_every=5"],
     "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
                                  "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",
@@ -113,7 +121,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, references, cas
     summary, tables = references[case]
     assert result.summary["status"] == "completed"
     assert result.summary["model_sha256"] == summary["model_sha256"]
-    for key in ("rounds", "server_steps", "client_updates", "tasks", "final_test_accuracy", "virtual_time"):
+    for key in ("rounds", "server_steps", "client_updates", "tasks", "final_test_accuracy", "virtual_time", "privacy"):
         assert result.summary[key] == summary[key], key
     assert _tables(run_dir) == tables
     assert not os.path.exists(f"{run_dir}/checkpoint.pt")  # nothing left to resume

@@ -96,7 +96,9 @@ class Algorithm:
     numbers :meth:`server_direction` reports (its third value), each logged in a rounds.parquet
     column of that name (see :meth:`diagnostics_of`); ``client_diagnostics``: the names of the
     per-client numbers :meth:`client_update` returns among its ``diagnostics``, each logged in an
-    events.parquet column of that name (see :meth:`client_numbers`)."""
+    events.parquet column of that name (see :meth:`client_numbers`); ``uploads``: the names of
+    the vectors a client sends beside its update (its ``extras``), which differential privacy's
+    clipping and noise do not cover."""
 
     Keys = FedAvgKeys
     stateful = False
@@ -105,6 +107,7 @@ class Algorithm:
     sample_weighted = True
     server_diagnostics: tuple = ()
     client_diagnostics: tuple = ()
+    uploads: tuple = ()
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model

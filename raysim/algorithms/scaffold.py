@@ -28,6 +28,7 @@ class Scaffold(Algorithm):
     Keys = ScaffoldKeys
     timing_reads_payload = False  # twice the update's size, whatever the values
     stateful = True
+    uploads = ("dcontrol",)
 
     def local_lr(self) -> float:
         return local_step_size(self)

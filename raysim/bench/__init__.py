@@ -25,12 +25,15 @@ TARGETS = {"w1": (" (target <= 1.3)", " (target >= 1.5)", " (target >= 4000 on 2
                   " (target <= 1.2 GiB = 1229 MiB)")}
 
 
-def run_raysim(workload: str, out: Path, baseline: Path | None = None) -> dict:
-    """``raysim run`` of a workload in a fresh process; with ``baseline``, the raysim of that
-    checkout runs the checkout's own scenario file of the workload."""
-    run_dir = (out / workload / ("baseline" if baseline else "raysim")).resolve()
+def run_raysim(workload: str, out: Path, baseline: Path | None = None, overrides: tuple = (),
+               side: str = "raysim") -> dict:
+    """``raysim run`` of a workload (with ``overrides``, into ``<out>/<workload>/<side>``) in a fresh
+    process; with ``baseline``, the raysim of that checkout runs the checkout's own scenario file
+    of the workload."""
+    run_dir = (out / workload / ("baseline" if baseline else side)).resolve()
     scenario = (baseline / "scenarios" / "bench" if baseline else SCENARIOS) / f"{workload}.yaml"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(scenario), "--quiet", "--replace", f"output.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(scenario), "--quiet", "--replace", f"output.dir={run_dir}",
+           *overrides]
     env = None
     if baseline:  # the checkout's package first on the path, for the driver and (inherited) Ray's workers;
         # run from the checkout too, since `python -m` puts the working directory (maybe this checkout) first
@@ -106,10 +109,35 @@ def run_async_bench(out: Path, repeat: int, baseline: Path | None = None) -> dic
     return {"runs": runs, "medians": med, "ratios": ratios}
 
 
+CENTRAL_DP = ("privacy.mechanism=central", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0")
+PRIVACY_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few
+
+
+def run_privacy_bench(out: Path, repeat: int) -> dict:
+    """W1 (60 rounds) with central DP (clipping on the clients, the ledger, noise on the server's
+    sum, ε at the end) against W1 itself, interleaved ``repeat`` times, the side that goes first alternating
+    (a run can slow the next one while its processes exit): the overhead of privacy."""
+    runs = {}
+    sides = [("plain", ()), ("central_dp", CENTRAL_DP)]
+    for k in range(repeat):
+        for side, overrides in sides if k % 2 == 0 else sides[::-1]:
+            r = run_raysim("w1", out, overrides=PRIVACY_ROUNDS + overrides, side=side)
+            runs.setdefault(f"w1/{side}", []).append(r)
+            print(_row(f"w1/{side}", r), flush=True)
+    med = {name: _median(rs) for name, rs in runs.items()}
+    plain, private = med["w1/plain"], med["w1/central_dp"]
+    ratios = {"wall": private["wall_seconds"] / plain["wall_seconds"],
+              "seconds_per_round": private["seconds_per_round"] / plain["seconds_per_round"]}
+    print(f"w1 (60 rounds): central DP / FedAvg steady seconds per round {ratios['seconds_per_round']:.3f}x "
+          f"(target <= 1.1), wall {ratios['wall']:.3f}x (medians of {repeat}; the wall holds the accounting's "
+          "fixed cost: importing dp-accounting and the final ε)")
+    return {"runs": runs, "medians": med, "ratios": ratios}
+
+
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
               asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
               aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000,
-              baseline: str | None = None) -> int:
+              baseline: str | None = None, privacy: bool = False) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``. ``baseline``: a raysim checkout
     run as a third side (and beside the scheduler of ``asynchronous``). ``durability``,
@@ -136,6 +164,11 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
 
         print(f"raysim bench --durability on {os.cpu_count()} CPUs; each run in a fresh process")
         (out / "bench_durability.json").write_text(json.dumps(run_durability_bench(out, events), indent=2) + "\n")
+        return 0
+    if privacy:
+        print(f"raysim bench --privacy on {os.cpu_count()} CPUs; each run in a fresh process")
+        print(HEADER)
+        (out / "bench_privacy.json").write_text(json.dumps(run_privacy_bench(out, repeat), indent=2) + "\n")
         return 0
     if asynchronous:
         print(f"raysim bench --async on {os.cpu_count()} CPUs; each run in a fresh process")

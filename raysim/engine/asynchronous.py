@@ -116,7 +116,7 @@ class AsyncUpdates:
         self.ahead: deque = deque()  # Planned dispatches, in the order of the completions they follow
         self.lookahead, self.used = 8, 0  # the next plan's length; entries of the current one used
         self.rows: list = []  # event rows not yet handed to the scheduler (TASK_COLUMNS, in order)
-        self.numbers: list = []  # per row: {name: number} of the algorithm's client_diagnostics (if it has any)
+        self.numbers: list = []  # per row: {name: number} of the scheduler's client_diagnostics (if it has any)
         # FedAsync whose server step is the algorithm's update alone: a window's steps are taken together
         # (not with personalized evaluation: its tasks run on the actors, and a lost one would end the run
         # with updates logged as applied whose steps were not taken)
@@ -511,14 +511,14 @@ class AsyncUpdates:
                           s.train_sizes[event.client_id], update.train_loss[0] if computed else math.nan,
                           update.compute_seconds[0] if computed else 0.0, info.start, event.time, info.version,
                           staleness, status))
-        if s.algorithm.client_diagnostics:
-            self.numbers.append({k: v[0] for k, v in s.algorithm.client_numbers(update).items()} if computed else {})
+        if s.client_diagnostics:
+            self.numbers.append({k: v[0] for k, v in s.client_numbers(update).items()} if computed else {})
 
     def _flush_rows(self) -> None:
         """Hand the event rows kept so far to the scheduler, as columns."""
         if self.rows:
             numbers = {name: [row.get(name, math.nan) for row in self.numbers]
-                       for name in self.s.algorithm.client_diagnostics}
+                       for name in self.s.client_diagnostics}
             self.s.log_events(numbers, **dict(zip(TASK_COLUMNS, zip(*self.rows))))
             self.rows, self.numbers = [], []
 

@@ -134,7 +134,7 @@ class ClientHost:
             return self.algorithm.personalize(payloads, ctx, ev.personalized_steps, ev.personalized_epochs,
                                               ev.personalized_lr or self.algorithm.adaptation_lr(), ev.adapt_on)
         began = time.perf_counter()
-        out = run_client_stages(self.client_stages, self.algorithm.client_update(payloads, ctx), ctx)
+        out = run_client_stages(self.client_stages, self.algorithm.client_update(payloads, ctx), ctx, payloads)
         wall = time.perf_counter() - began
         out.compute_seconds = wall * ctx.train_sizes / ctx.train_sizes.sum()
         out.actor = np.full(len(ids), self.actor_index, dtype=np.int64)

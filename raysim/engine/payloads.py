@@ -6,12 +6,13 @@ MAX_HANDLES = 64  # broadcast model versions kept before the unused ones are for
 
 
 class PayloadCache:
-    """The payload of the latest model version (built once per version by ``algorithm.payload``)
-    and the runtime's broadcast handle of each version still referenced. ``in_use()``: the versions
-    that tasks not yet sent still refer to (their handles are kept when others are forgotten)."""
+    """The payload of the latest model version (built once per version by ``build()``, the server's
+    current payload) and the runtime's broadcast handle of each version still referenced.
+    ``in_use()``: the versions that tasks not yet sent still refer to (their handles are kept when
+    others are forgotten)."""
 
-    def __init__(self, algorithm, runtime, in_use):
-        self.algorithm, self.runtime, self.in_use = algorithm, runtime, in_use
+    def __init__(self, build, runtime, in_use):
+        self.build, self.runtime, self.in_use = build, runtime, in_use
         self.clear()
 
     def clear(self) -> None:
@@ -20,10 +21,10 @@ class PayloadCache:
         self._limit = MAX_HANDLES  # handles kept before the unused ones are forgotten
         self._latest: tuple = (-1, None)  # (version, payload) of the latest payload built
 
-    def payload(self, version: int, state) -> dict:
-        """What clients receive from server ``state``, of model ``version`` (built once per version)."""
+    def payload(self, version: int) -> dict:
+        """What clients receive of model ``version``, the server's current one (built once per version)."""
         if self._latest[0] != version:
-            self._latest = (version, self.algorithm.payload(state))
+            self._latest = (version, self.build())
         return self._latest[1]
 
     def handle(self, version: int, payload: dict) -> dict:

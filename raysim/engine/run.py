@@ -22,12 +22,11 @@ import pyarrow as pa
 
 from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
-from raysim.scenario.schema import result_keys
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import cut_short, deferred_signals
 from raysim.engine.run_evaluation import evaluates_on_hosts
 from raysim.output import ParquetLog
-from raysim.output.directory import DIAGNOSTICS, EVENTS_SCHEMA, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
+from raysim.output.directory import DIAGNOSTICS, EVENTS_SCHEMA, PRIVACY_LEDGER, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
 
 ADVANCE_SECONDS = 0.5  # wall time the scheduler runs between two reports to the driver
 SCHEDULER_RESTARTS = 3  # a lost SchedulerActor is restarted from the last checkpoint this many times at most
@@ -113,7 +112,7 @@ class RunLoop:
         cfg = self.cfg = prepared.scenario  # plain dataclasses, as the scheduler and the client hosts get it
         self.prepared, self.runtime = prepared, runtime
         self.out = prepared.output
-        self.result_keys = result_keys(cfg)  # every checkpoint holds them: a resume refuses an edited scenario
+        self.result_keys = prepared.result_keys  # every checkpoint holds them: a resume refuses an edited scenario
         self.checkpoint = checkpoint  # the latest: resumed from, or restarted from if the scheduler is lost
         self.resumed_from = checkpoint  # the checkpoint this process went on from (None: a new run)
         self.began = began - (checkpoint.wall_seconds if checkpoint is not None else 0.0)
@@ -306,6 +305,8 @@ class RunLoop:
         self.prepared.final_params = final["params"]
         if self.cfg.output.save_model:
             self.out.save_torch("model.pt", self.prepared.model.state_dict(final["params"]))
+        if "privacy_ledger" in final:
+            self.out.write_table(PRIVACY_LEDGER, final["privacy_ledger"])
         summary = self._summary("completed", None, final)
         self._write_summary(summary)
         self.out.remove(CHECKPOINT)  # a completed run has nothing to resume
@@ -337,7 +338,8 @@ class RunLoop:
             "wall_seconds_before_resume": None if self.resumed_from is None else self.resumed_from.wall_seconds,
             "steady_updates_per_second": self.tally.steady_rate(),
             "checkpoints": dict(self.tally.checkpoints), "scheduler_restarts": self.restarts,
-            "system": final.get("system"), "actors": self.runtime.describe() if final else [],
+            "system": final.get("system"), "privacy": final.get("privacy"),
+            "actors": self.runtime.describe() if final else [],
             "split": describe_split(model.module, model.personal),
             "model": {"kind": cfg.model.kind, "parameters": model.size,
                       "feature_shape": list(self.prepared.dataset.feature_shape),

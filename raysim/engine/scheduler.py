@@ -31,6 +31,8 @@ from raysim.errors import NoClientAvailable, RunError
 from raysim.models import build_model
 from raysim.models.flat import sha256
 from raysim.pipeline.build import server_pipeline
+from raysim.privacy.accounting import Accountant
+from raysim.streams import Purpose, stream
 from raysim.system import SystemModel
 from raysim.threads import torch_threads
 
@@ -63,6 +65,9 @@ class Scheduler:
         self.task_size = clients_per_task(cfg)
         self.server = Server(server_pipeline(cfg, self.algorithm, self.system.profile["byzantine"]),
                              self.algorithm.init(initial))
+        self.client_diagnostics = (*self.algorithm.client_diagnostics, *self.server.pipeline.client_diagnostics)
+        self.accountant = None if cfg.privacy.mechanism == "none" else Accountant(
+            cfg, self.dataset.num_clients, cfg.privacy.noise_multiplier)
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
         self.progress = Progress()
         self.evaluation = Evaluation(self, problem, initial)
@@ -72,7 +77,7 @@ class Scheduler:
         self._events: list = []
         self.value_bytes = initial.element_size()
         self.loop = SyncRounds(self) if cfg.execution.mode == "sync" else AsyncUpdates(self)
-        self.payloads = PayloadCache(self.algorithm, runtime, self.loop.versions_in_use)
+        self.payloads = PayloadCache(self.server.payload, runtime, self.loop.versions_in_use)
 
     @property
     def state(self):
@@ -132,7 +137,37 @@ class Scheduler:
         params = self.algorithm.global_params(self.state)
         return {"params": params.clone(), "model_sha256": sha256(params), "virtual_time": self.clock,
                 "server_steps": self.version, "client_updates": self.progress.applied,
-                "system": self.system.describe()}
+                "system": self.system.describe(), **self.privacy_spent()}
+
+    def _ledger(self) -> tuple:
+        """(the privacy ledger stage, its state)."""
+        ledger = self.server.pipeline.stage("privacy_ledger")
+        return ledger, self.server.stage_states[ledger.name]
+
+    def privacy_spent(self) -> dict:
+        """With differential privacy: ``privacy`` (the summary's section: ε spent, accountant, events,
+        assumptions) and ``privacy_ledger`` (each client's participations and ε, privacy.parquet's
+        columns); nothing without."""
+        if self.accountant is None:
+            return {}
+        (ledger, state), n = self._ledger(), self.dataset.num_clients
+        counts, exposures = np.zeros(n, dtype=np.int64), np.zeros(n)
+        for client, taken in ledger.entries(state):
+            counts[client] = ledger.participations(taken)
+            exposures[client] = self.accountant.exposure(taken, self.version)
+        return {"privacy": self.accountant.describe(self.version, counts, exposures),
+                "privacy_ledger": {"client_id": np.arange(n), "participations": counts,
+                                   "epsilon": self.accountant.client_epsilons(self.version, exposures)}}
+
+    def epsilon(self) -> float:
+        """ε spent so far at the run's δ, by the most exposed client (NaN without differential privacy)."""
+        if self.accountant is None:
+            return math.nan
+        ledger, state = self._ledger()
+        if not ledger.versions:
+            return self.accountant.epsilon(self.version, float(state["most"]))
+        exposures = (self.accountant.exposure(taken, self.version) for _, taken in ledger.entries(state))
+        return self.accountant.epsilon(self.version, max(exposures, default=0.0))
 
     def run_state(self) -> RunState:
         """Everything the run needs to continue, as one object (call it between :meth:`advance` calls)."""
@@ -162,11 +197,24 @@ class Scheduler:
 
     def payload(self) -> dict:
         """What clients receive from the current server state (built once per version)."""
-        return self.payloads.payload(self.version, self.state)
+        return self.payloads.payload(self.version)
+
+    def round_size(self, counter: int) -> int:
+        """The clients a synchronous round draws at sampling ``counter``: ``ceil(over_selection ·
+        clients_per_round)``, or under Poisson sampling a Binomial(N, clients_per_round / N) number
+        of them (a uniform subset of that size: each client takes part with that probability,
+        independently of the others)."""
+        ex, n = self.cfg.execution, self.dataset.num_clients
+        if ex.sampling == "poisson":
+            return int(stream(self.cfg.seed, Purpose.POISSON_ROUND, counter).binomial(n, ex.clients_per_round / n))
+        return math.ceil(ex.over_selection * ex.clients_per_round)
 
     def sample(self, k: int, exclude=None, excluded_count: int | None = None) -> np.ndarray:
         """Up to ``k`` clients available now and not excluded (see :meth:`SystemModel.sample_available`);
-        jumps the clock while nobody is available."""
+        jumps the clock while nobody is available (none, without waiting, for ``k`` = 0)."""
+        if k == 0:
+            self.progress.draw()
+            return np.empty(0, dtype=np.int64)
         for _ in range(1000):
             clients = self.system.sample_available(self.clock, self.progress.counter, k, exclude, excluded_count)
             self.progress.draw()
@@ -227,11 +275,13 @@ class Scheduler:
         diagnostics = self.evaluation.diagnostics()
         now = time.perf_counter()
         training = round_wall - evaluated["eval_seconds"]
+        epsilon = self.epsilon() if self.evaluation.is_due(self.version) or self.done else math.nan
         self._rounds.append(round_row(self.algorithm.server_diagnostics, {
             "round": self.version, "virtual_time": self.clock, "wall_time": now - self.began, "train_loss": loss,
             **evaluated, "clients": clients, "samples": samples,
             "updates_per_second": clients / training if training > 0 else math.nan,
-            "eval_seconds": evaluated["eval_seconds"] + now - diagnosing, **counts, **diagnostics}))
+            "eval_seconds": evaluated["eval_seconds"] + now - diagnosing, "epsilon": epsilon, **counts,
+            **diagnostics}))
 
     def _log_lost_tasks(self) -> None:
         """One ``retried`` event row per client of each task that was run again because the
@@ -247,15 +297,21 @@ class Scheduler:
 
     def log_events(self, numbers: dict, **columns) -> None:
         """Event rows for client tasks that ended: the events schema's ``columns`` and the
-        algorithm's ``client_diagnostics`` from ``numbers`` (see :func:`event_columns`);
+        :attr:`client_diagnostics` from ``numbers`` (see :func:`event_columns`);
         :meth:`advance` adds the clients' system profile."""
-        self._events.append(event_columns(self.algorithm.client_diagnostics, numbers, **columns))
+        self._events.append(event_columns(self.client_diagnostics, numbers, **columns))
+
+    def client_numbers(self, updates) -> dict:
+        """{name: float64 [C]} of :attr:`client_diagnostics`: the algorithm's and the client stages'."""
+        stages = {name: updates.diagnostics[name].reshape(-1).double().numpy()
+                  for name in self.server.pipeline.client_diagnostics}
+        return {**self.algorithm.client_numbers(updates), **stages}
 
     def client_columns(self, updates, rows: np.ndarray, n: int) -> dict:
-        """The columns of the algorithm's ``client_diagnostics`` for ``n`` event rows: the numbers
-        of ``updates`` at positions ``rows``, NaN elsewhere."""
+        """The columns of :attr:`client_diagnostics` for ``n`` event rows: the numbers of
+        ``updates`` at positions ``rows``, NaN elsewhere."""
         columns = {}
-        for name, values in self.algorithm.client_numbers(updates).items():
+        for name, values in self.client_numbers(updates).items():
             columns[name] = np.full(n, math.nan)
             columns[name][rows] = values
         return columns

@@ -14,6 +14,11 @@ class Server:
     def __init__(self, pipeline, state: ServerState):
         self.pipeline, self.state, self.stage_states = pipeline, state, pipeline.init()
 
+    def payload(self) -> dict:
+        """What clients receive now: the algorithm's payload of the server state, and what the
+        pipeline's stages broadcast (adaptive clipping's clip norm)."""
+        return {**self.pipeline.algorithm.payload(self.state), **self.pipeline.broadcast(self.stage_states)}
+
     def step(self, updates, weights: np.ndarray, version: int) -> None:
         """Take a server step from model ``version`` on ``updates`` (a round or a FedBuff buffer,
         client-id order) with ``weights``."""

@@ -59,8 +59,8 @@ class SyncRounds:
     def step(self) -> None:
         s, p, ex = self.s, self.s.progress, self.s.cfg.execution
         began = time.perf_counter()
-        k = ex.clients_per_round
-        clients = s.sample(math.ceil(ex.over_selection * k))
+        clients = s.sample(s.round_size(p.counter))
+        k = len(clients) if ex.sampling == "poisson" else ex.clients_per_round  # Poisson: every client drawn counts
         counter = p.counter
         timing = s.timing(clients, np.full(len(clients), counter))
         kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s,
@@ -106,7 +106,7 @@ class SyncRounds:
         s, p, ex = self.s, self.s.progress, self.s.cfg.execution
         if not s.builds_rows or p.version + 1 >= ex.rounds:
             return []
-        clients = s.system.sample_available(clock, p.counter, math.ceil(ex.over_selection * ex.clients_per_round))
+        clients = s.system.sample_available(clock, p.counter, s.round_size(p.counter))
         return make_tasks("train", clients, s.train_sizes, p.counter, s.task_size, p.version + 1)
 
     def _log_events(self, clients, kept, late, dropped, timing, updates, start, version, kept_status) -> None:

@@ -29,13 +29,18 @@ from raysim.errors import OutputError, ScenarioError, first_line
 from raysim.output.parquet_log import log_files
 
 CHECKPOINT = "checkpoint.pt"  # raysim.engine.checkpoint writes it; named here, where no torch is imported
-RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", CHECKPOINT, "rounds.parquet", "events.parquet")
+PRIVACY_LEDGER = "privacy.parquet"  # differential privacy: each client's participations and ε
+RUN_FILES = ("scenario.yaml", "summary.json", "model.pt", CHECKPOINT, "rounds.parquet", "events.parquet",
+             PRIVACY_LEDGER)
 """The files a run writes into its directory."""
 PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some run has its columns), in order
     "accuracy_vs_round.png": "test accuracy against server steps, runs overlaid (with --target: its line, "
                              "and each run's step reaching it in the legend)",
     "accuracy_vs_virtual_time.png": "test accuracy against virtual time, runs overlaid (--target as above)",
     "accuracy_vs_wall_time.png": "test accuracy against wall-clock time, runs overlaid (--target as above)",
+    "accuracy_vs_epsilon.png": "differential privacy: test accuracy against the ε spent (at the evaluation steps), "
+                               "runs overlaid (--target as above)",
+    "epsilon_vs_round.png": "differential privacy: the ε spent against server steps, runs overlaid",
     "loss_vs_round.png": "training loss (solid) and test loss (dashed) against server steps, runs overlaid",
     "loss_vs_virtual_time.png": "training and test loss against virtual time, runs overlaid",
     "loss_vs_wall_time.png": "training and test loss against wall-clock time, runs overlaid",
@@ -66,6 +71,7 @@ ROUNDS_SCHEMA = pa.schema([
     ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
     ("deployed_loss_gap", pa.float64()), ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
+    ("epsilon", pa.float64()),  # differential privacy: ε spent so far at δ, at the evaluation steps (else null)
     ("parameters", pa.list_(pa.float64())),  # eval.curvature: the global model's flat parameters (else null)
 ])
 """rounds.parquet's own columns (an algorithm's server_diagnostics add more)."""
@@ -161,6 +167,11 @@ class OutputDir:
     def write_text(self, name: str, text: str) -> None:
         """Write text file ``name`` atomically."""
         self.write_bytes(name, text.encode())
+
+    def write_table(self, name: str, columns: dict) -> None:
+        """Write ``columns`` ({name: array}) as Parquet file ``name`` atomically."""
+        table = pa.table(columns)
+        self.write_atomic(name, lambda tmp: pq.write_table(table, tmp, filesystem=self.fs))
 
     def save_torch(self, name: str, obj) -> None:
         """``torch.save`` into the directory (atomically)."""

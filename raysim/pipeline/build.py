@@ -6,26 +6,46 @@ import numpy as np
 
 from raysim.pipeline.attack import ByzantineAttack
 from raysim.pipeline.momentum import ClientMomentum
+from raysim.pipeline.privacy import (CentralGaussianNoise, ClipUpdate, LocalGaussianNoise, ParticipationLedger,
+                                    TreeAggregationNoise)
 from raysim.pipeline.server import ServerPipeline
+from raysim.privacy.config import count_noise, expected_participants, update_noise_multiplier
 from raysim.system.byzantine import Attack
 
 
 def client_stages(cfg) -> tuple:
-    """The stages a client's updates go through before upload (none yet)."""
-    return ()
+    """The stages a client's updates go through before upload: with differential privacy, clipping
+    to ``privacy.clip_norm`` (then, local DP, the client's own noise)."""
+    p = cfg.privacy
+    if p.mechanism == "none":
+        return ()
+    clip = ClipUpdate(p.clip_norm, adaptive=p.mechanism == "central" and p.adaptive_clip.target_quantile is not None)
+    return (clip, LocalGaussianNoise(p.noise_multiplier * p.clip_norm)) if p.mechanism == "local" else (clip,)
 
 
 def aggregate_stages(cfg) -> tuple:
-    """The stages a server step's aggregate goes through before the server optimizer (none yet)."""
-    return ()
+    """The stages a server step's aggregate goes through before the server optimizer: central DP's
+    noise, or DP-FTRL's tree-aggregation noise."""
+    p = cfg.privacy
+    expected = expected_participants(cfg)
+    if p.mechanism == "dp_ftrl":
+        return (TreeAggregationNoise(p.noise_multiplier, p.clip_norm, expected, cfg.seed, p.tree_restart_every),)
+    if p.mechanism != "central":
+        return ()
+    adaptive = p.adaptive_clip if p.adaptive_clip.target_quantile is not None else None
+    return (CentralGaussianNoise(update_noise_multiplier(p, expected), p.clip_norm, expected, cfg.seed, adaptive,
+                                 count_noise(p, expected) if adaptive is not None else 0.0),)
 
 
 def server_pipeline(cfg, algorithm, byzantine: np.ndarray) -> ServerPipeline:
-    """The server step of scenario ``cfg``: client momentum (``algorithm.client_momentum`` > 0),
-    then the Byzantine attack (when some client is Byzantine and the attack replaces updates),
+    """The server step of scenario ``cfg``: the privacy ledger (with differential privacy), client
+    momentum (``algorithm.client_momentum`` > 0), then the Byzantine attack (when some client is
+    Byzantine and the attack replaces updates),
     then ``algorithm``'s aggregation, the aggregate stages, and ``algorithm``'s server optimizer.
     ``byzantine``: [N] the clients' Byzantine flags (the system profile)."""
-    stages = []
+    mechanism = cfg.privacy.mechanism
+    ledger = ParticipationLedger(len(byzantine), versions=mechanism == "dp_ftrl", squared=mechanism == "central")
+    stages = [ledger] if mechanism != "none" else []
     beta = getattr(cfg.algorithm, "client_momentum", 0.0)
     if beta:
         stages.append(ClientMomentum(beta, len(byzantine)))

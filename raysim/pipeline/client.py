@@ -1,12 +1,14 @@
 """The client's stages: what a client does to its update after the local loop, before upload.
 
 A client stage is pure like a server stage (:mod:`.stage`), over a task's results:
-``update(updates, ctx)`` gives the task's updates as the clients upload them, drawing any random
-number from the task's per-client streams ``ctx.rngs`` (so a client's upload does not depend on
+``update(updates, ctx, payloads)`` gives the task's updates as the clients upload them (``payloads``:
+what each client received, in the task's order), drawing any random number from the task's
+per-client streams ``ctx.rngs`` (so a client's upload does not depend on
 where or with whom it ran). A stage that keeps state per client (an error-feedback residual)
 keeps it as the algorithm's client state is kept: read with ``ctx.kept``, returned among
 ``updates.states``, stored in the run state between the client's visits. ``upload_bytes``
-declares the bytes the stage's encoding uploads.
+declares the bytes the stage's encoding uploads; ``diagnostics`` names the numbers per client it
+puts among ``updates.diagnostics``, each logged in an events.parquet column.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ class ClientStage:
     """A stage a task's updates go through on the client host (see the module docstring)."""
 
     name = "client_stage"
+    diagnostics: tuple = ()
 
-    def update(self, updates: ClientUpdates, ctx: ClientContext) -> ClientUpdates:
+    def update(self, updates: ClientUpdates, ctx: ClientContext, payloads: list) -> ClientUpdates:
         """The task's updates as uploaded."""
         raise NotImplementedError
 
@@ -28,8 +31,8 @@ class ClientStage:
         return nbytes
 
 
-def run_client_stages(stages: tuple, updates: ClientUpdates, ctx: ClientContext) -> ClientUpdates:
-    """``updates`` through ``stages`` in order."""
+def run_client_stages(stages: tuple, updates: ClientUpdates, ctx: ClientContext, payloads: list) -> ClientUpdates:
+    """``updates`` through ``stages`` in order (``payloads``: what each client received)."""
     for stage in stages:
-        updates = stage.update(updates, ctx)
+        updates = stage.update(updates, ctx, payloads)
     return updates

@@ -36,6 +36,16 @@ def value_of(tree: dict, client: int, levels: int, default=None):
     return node.get(last, default)
 
 
+def items(tree: dict, levels: int):
+    """Every (client id, value) ``tree`` holds, in client-id order."""
+    if levels == 1:
+        yield from sorted(tree.items())
+        return
+    for digit, child in sorted(tree.items()):
+        for client, value in items(child, levels - 1):
+            yield digit * FANOUT ** (levels - 1) + client, value
+
+
 def updated(tree: dict, values: dict, levels: int) -> dict:
     """A new tree: ``tree`` with ``values`` ({client id: value}) set; ``tree`` is left as it was."""
     root = dict(tree)

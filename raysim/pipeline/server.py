@@ -41,6 +41,22 @@ class ServerPipeline:
         each step)."""
         return not self.stages and not self.aggregate_stages and self.judges_each_update
 
+    @property
+    def client_diagnostics(self) -> tuple:
+        """The events.parquet columns the client stages add (each a number per client)."""
+        return tuple(dict.fromkeys(name for stage in self.client_stages for name in stage.diagnostics))
+
+    def broadcast(self, states: dict) -> dict:
+        """{name: tensor} the aggregate stages send to clients with the model (from their ``states``)."""
+        sent = {}
+        for stage in self.aggregate_stages:
+            sent.update(stage.broadcast(states[stage.name]))
+        return sent
+
+    def stage(self, name: str):
+        """The update stage called ``name`` (None: not in this pipeline)."""
+        return next((stage for stage in self.stages if stage.name == name), None)
+
     def upload_bytes(self, nbytes: int) -> int:
         """The bytes a client uploads for an update of ``nbytes``, as the stages declare them."""
         for stage in (*self.client_stages, *self.stages):

@@ -74,3 +74,7 @@ class AggregateStage:
     def update(self, aggregate: Aggregate, state: dict) -> tuple[Aggregate, dict]:
         """(the aggregate as this stage passes it on, the stage's new state)."""
         raise NotImplementedError
+
+    def broadcast(self, state: dict) -> dict:
+        """{name: tensor} this stage sends to clients with the model (nothing, by default)."""
+        return {}

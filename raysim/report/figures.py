@@ -40,7 +40,9 @@ _MARKERS = "osD^vPX*"  # one per overlaid run (_run_style)
 STATUS_COLORS = {"applied": "tab:green", "late": "tab:orange", "stale": "tab:purple",
                  "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown", "diverged": "black"}
 X_AXES = {"round": "server step (round, or async model version)", "virtual_time": "virtual time (virtual s)",
-          "wall_time": "wall time since training start (s)"}
+          "wall_time": "wall time since training start (s)",
+          "epsilon": "ε spent (differential privacy, at the run's δ)"}
+TIME_AXES = ("round", "virtual_time", "wall_time")  # accuracy and loss are drawn against each
 # errors and norms: log y whatever their span
 LOG_COLUMNS = ("rel_error", "grad_norm_sq", "loss_gap", "deployed_loss_gap")
 PERSONALIZED = ("personalized_accuracy", "personalized_accuracy_mean", "personalized_accuracy_ci95")
@@ -95,9 +97,10 @@ def write_report(run_dirs: list[str], out_dir: str | None = None, target: float 
     builders = {
         **{f"accuracy_vs_{x}.png": (lambda x=x: _lines_figure(runs, x, ("test_accuracy",), "Test accuracy",
                                                               "test accuracy (fraction correct)", target))
-           for x in X_AXES},
+           for x in (*TIME_AXES, "epsilon")},
         **{f"loss_vs_{x}.png": (lambda x=x: _lines_figure(runs, x, ("train_loss", "test_loss"), "Loss", "loss"))
-           for x in X_AXES},
+           for x in TIME_AXES},
+        "epsilon_vs_round.png": lambda: _lines_figure(runs, "round", ("epsilon",), "Privacy spent", X_AXES["epsilon"]),
         "personalized_accuracy_vs_round.png": lambda: _personalized_figure(runs),
         "diagnostics_vs_round.png": lambda: _diagnostics_figure(runs),
         "staleness_histogram.png": lambda: _staleness_figure(runs),
@@ -251,7 +254,7 @@ def _reach_text(run: SavedRun, x: str, target: float) -> str:
         return f"{target:g} not reached"
     value = run.rounds[x][i]
     where = {"round": f"step {value:,.0f}", "virtual_time": f"{seconds_text(value)} virtual s",
-             "wall_time": f"{value:.1f} s"}
+             "wall_time": f"{value:.1f} s", "epsilon": f"ε = {value:.3g}"}
     return f"{target:g} at {where[x]}"
 
 

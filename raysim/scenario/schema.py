@@ -2,7 +2,7 @@
 accepts and when it applies (dataclasses of :func:`raysim.schema.key`), section by section.
 
 A scenario is a YAML file whose top-level keys are exactly ``name``, ``seed``, ``data``, ``model``,
-``algorithm``, ``execution``, ``system``, ``runtime``, ``eval`` and ``output``; the ``algorithm``
+``algorithm``, ``execution``, ``system``, ``privacy``, ``runtime``, ``eval`` and ``output``; the ``algorithm``
 section's schema is the keys dataclass of the algorithm it names (:mod:`raysim.algorithms.keys`).
 Importing this module loads no data loader, no torch and no pyarrow.
 """
@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from raysim.data.kinds import CLIENTS_FROM_FILES, DATA_FILES, GENERATED, PARTITIONED_FILES
 from raysim.schema import Check, Rule, key, non_negative, non_negative_int, one_of, positive, positive_int, when
+from raysim.privacy.config import PrivacyConfig
 from raysim.system.config import SystemConfig
 
 DIGITS, QUADRATIC, LEAF, PARQUET, BLOBS, SADDLE = (when("data.kind", k) for k in
@@ -147,6 +148,10 @@ class ExecutionConfig:
     clients_per_round: int = key(10, "sync: updates kept per round", check=positive_int, when=SYNC)
     deadline: Optional[float] = key(None, "sync: virtual seconds; later updates are late (discarded)", when=SYNC)
     over_selection: float = key(1.0, "sync: sample ceil(f * clients_per_round), keep the earliest", when=SYNC)
+    sampling: str = key("uniform", "sync: who a round samples: uniform (clients_per_round clients, a uniform subset "
+                                   "of those available) | poisson (each client independently with probability "
+                                   "clients_per_round / N, so clients_per_round is the mean round size)",
+                        check=one_of("uniform", "poisson"), when=SYNC)
     concurrency: int = key(10, "async: tasks in flight", check=positive_int, when=ASYNC)
     aggregation: str = key("fedasync", "async: fedasync | fedbuff", when=ASYNC)
     buffer_size: int = key(10, "async fedbuff: updates per server step", check=positive_int,
@@ -301,6 +306,7 @@ class Scenario:
                          factory=lambda: {"name": "fedavg"})
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

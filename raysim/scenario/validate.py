@@ -11,8 +11,8 @@ import re
 from omegaconf import DictConfig, OmegaConf
 
 from raysim.algorithms.keys import check_aggregator
-from raysim.catalog import (ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_keys, check_init, check_model_data,
-                            parameter_count)
+from raysim.catalog import (ACTIVATIONS, MODELS, PERSONAL_MODES, algorithm_class, algorithm_keys, check_init,
+                            check_model_data, parameter_count)
 from raysim.data._checks import check_num_clients
 from raysim.data.federated import FederatedDataset
 from raysim.data.files import own_split
@@ -26,6 +26,8 @@ from raysim.scenario.schema import (SPLIT_KINDS, DataConfig, EvalConfig, Executi
                                     PartitionConfig, RuntimeConfig, Scenario)
 from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, non_negative, positive,
                            require, require_one_of)
+from raysim.privacy.accounting import accountant_kind, participation_law
+from raysim.privacy.config import PrivacyConfig
 from raysim.system import validate_system
 from raysim.system.config import OMNISCIENT_ATTACKS, byzantine_count
 
@@ -187,6 +189,9 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
 
     validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
     _check_byzantine(cfg)
+    check_values(cfg, PrivacyConfig, "privacy")
+    _check_sampling(cfg)
+    _check_privacy(cfg)
 
     v = cfg.eval
     check_values(cfg, EvalConfig, "eval")
@@ -277,3 +282,48 @@ def _check_byzantine(cfg: DictConfig) -> None:
         require(b.window is not None, "system.byzantine.window", b.window,
                 f"a positive number of honest updates for attack {b.attack} under execution.aggregation=fedasync "
                 "(a step holds one update: the attack sees the last `window` honest ones)")
+
+
+def _check_sampling(cfg: DictConfig) -> None:
+    """Poisson sampling draws each client with the same probability: every client always available,
+    and every client drawn counts (no over-selection)."""
+    e = cfg.execution
+    if e.mode != "sync" or e.sampling != "poisson":
+        return
+    require(e.over_selection == 1, "execution.over_selection", e.over_selection,
+            "1 with execution.sampling=poisson (a Poisson round keeps every client it draws)")
+    kind = cfg.system.availability.kind
+    require(kind == "always", "system.availability.kind", kind,
+            "always with execution.sampling=poisson (each client's probability of taking part is "
+            "clients_per_round / N only if every client can be drawn)")
+
+
+def _check_privacy(cfg: DictConfig) -> None:
+    """Differential privacy's keys agree with each other and with the algorithm: one of
+    noise_multiplier and target_epsilon (the latter with a planned number of rounds), the mean
+    aggregator under central DP, no update beside the one clipped, an accountant that can compose
+    the run's events."""
+    p = cfg.privacy
+    if p.mechanism == "none":
+        return
+    require((p.noise_multiplier is None) != (p.target_epsilon is None), "privacy.noise_multiplier",
+            p.noise_multiplier, f"a number >= 0, or null with privacy.target_epsilon set (here target_epsilon = "
+            f"{p.target_epsilon}): set exactly one of them")
+    if p.target_epsilon is not None:
+        require(cfg.execution.mode == "sync", "privacy.target_epsilon", p.target_epsilon,
+                "null in async mode (how often a client takes part is not planned there: set noise_multiplier)")
+        require(p.mechanism != "dp_ftrl", "privacy.target_epsilon", p.target_epsilon,
+                "null with privacy.mechanism=dp_ftrl (its ε follows from which tree nodes each client's "
+                "participations reach, which no plan fixes: set noise_multiplier)")
+    aggregator = cfg.algorithm.get("aggregator", "mean")
+    require(p.mechanism != "central" or aggregator == "mean", "algorithm.aggregator", aggregator,
+            "mean with privacy.mechanism=central (its noise is calibrated to the sensitivity of the clipped "
+            "updates' sum, which a robust rule does not have)")
+    uploads = algorithm_class(cfg.algorithm.name).uploads
+    require(not uploads, "algorithm.name", cfg.algorithm.name,
+            f"an algorithm whose clients upload only their update with privacy.mechanism={p.mechanism} "
+            f"({cfg.algorithm.name} also uploads {', '.join(uploads)}, which clipping and noise would not cover)")
+    law = participation_law(cfg, cfg.data.num_clients)  # its kind: the keys decide it
+    require(accountant_kind(p, law) != "pld" or law.kind != "fixed_size", "privacy.accountant", p.accountant,
+            "rdp or auto with uniform fixed-size sampling (dp-accounting's PLD accountant cannot compose "
+            "sampling without replacement; execution.sampling=poisson can)")
