@@ -25,7 +25,8 @@ from raysim.report.figures import (assign_lanes, load_runs, read_columns, run_la
                                    write_report, _lines_figure)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-ALWAYS = ["accuracy_vs_round.png", "accuracy_vs_virtual_time.png", "accuracy_vs_wall_time.png", "loss_vs_round.png",
+ALWAYS = ["accuracy_vs_round.png", "accuracy_vs_virtual_time.png", "accuracy_vs_wall_time.png",
+          "accuracy_vs_bytes_up.png", "loss_vs_round.png",
           "loss_vs_virtual_time.png", "loss_vs_wall_time.png", "participation_per_client.png"]
 QUADRATIC = ["loss_vs_round.png", "loss_vs_virtual_time.png", "loss_vs_wall_time.png", "diagnostics_vs_round.png",
              "participation_per_client.png"]
@@ -57,6 +58,7 @@ def make_run(path, name: str, virtual: bool, seed: int = 0, tasks: int = 400, ti
         columns.update(personalized_accuracy=pa.array([None if a is None else a + 0.1 for a in accuracy]),
                        personalized_accuracy_mean=pa.array([None if a is None else a + 0.08 for a in accuracy]),
                        personalized_accuracy_ci95=pa.array([None if a is None else 0.02 for a in accuracy]))
+    columns["total_bytes_up"] = np.cumsum(rng.integers(10_000, 20_000, rounds))  # every run has its bytes
     if private:
         columns["epsilon"] = pa.array([None if a is None else 0.3 * (r + 1) ** 0.5 for r, a in enumerate(accuracy)])
     pq.write_table(pa.table(columns), os.path.join(path, "rounds.parquet"))

@@ -124,7 +124,7 @@ class AsyncUpdates:
         self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.server.pipeline.takes_steps_together
                                and not scheduler.algorithm.stateful
                                and not (ev.personalized_steps or ev.personalized_epochs))
-        self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, clock)
+        self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, (clock, bytes))
         self.deferred_from = 0  # the model version they start from
 
     def versions_in_use(self):
@@ -291,16 +291,16 @@ class AsyncUpdates:
         if not steps:
             return {}
         p = s.progress
-        clock = p.clock
+        now = (p.clock, p.bytes_down, p.bytes_up)
         states = s.server.steps([(updates, weights) for updates, weights, _ in steps], self.deferred_from)
         payloads = {}
         for i, ((updates, _, at), state) in enumerate(zip(steps, states)):
             s.server.adopt(state)
-            p.rewind(self.deferred_from + i, at)
+            p.rewind(self.deferred_from + i, *at)
             p.step()
             self._log_step(updates, s.evaluation.if_due(p.version))
             payloads[p.version] = s.payload()
-        p.rewind(p.version, clock)
+        p.rewind(p.version, *now)
         return payloads
 
     # ------------------------------------------------------------------ server side
@@ -332,7 +332,8 @@ class AsyncUpdates:
         if len(self.buffer) > 1:  # in the client-id order concat put the updates in
             weights = weights[np.argsort(np.concatenate([u.client_ids for u, _ in self.buffer]), kind="stable")]
         if self.deferred is not None:  # a window's step: taken with the window's others (_take_deferred)
-            self.deferred.append((updates, weights, s.progress.clock))
+            p = s.progress
+            self.deferred.append((updates, weights, (p.clock, p.bytes_down, p.bytes_up)))  # where the step was
             s.progress.step()
             self.buffer = []
             return
@@ -507,10 +508,13 @@ class AsyncUpdates:
         """One event row (TASK_COLUMNS), kept until :meth:`_flush_rows`."""
         s, info = self.s, event.data
         computed = update is not None
+        down, up = s.task_bytes(info.payload)  # the client received its model; it sent back unless it failed
+        up = 0 if status == "failed" else up
+        s.progress.traffic(down, up)
         self.rows.append((s.progress.version + 1, event.client_id, update.actor[0] if computed else -1,
                           s.train_sizes[event.client_id], update.train_loss[0] if computed else math.nan,
                           update.compute_seconds[0] if computed else 0.0, info.start, event.time, info.version,
-                          staleness, status))
+                          staleness, down, up, status))
         if s.client_diagnostics:
             self.numbers.append({k: v[0] for k, v in s.client_numbers(update).items()} if computed else {})
 

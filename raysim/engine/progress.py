@@ -16,6 +16,8 @@ class Progress:
     counter: int = 0  # dispatches and sampling draws so far: seeds each task's RNG together with the client id
     applied: int = 0  # client updates applied
     done: bool = False
+    bytes_down: int = 0  # bytes the clients received so far (model payloads)
+    bytes_up: int = 0  # bytes the clients sent so far (updates)
 
     def draw(self) -> int:
         """Count one sampling draw (or planned dispatch); returns the new counter."""
@@ -42,11 +44,16 @@ class Progress:
         """Count ``updates`` client updates applied."""
         self.applied += updates
 
+    def traffic(self, down: int, up: int) -> None:
+        """Count ``down`` bytes received and ``up`` bytes sent by clients."""
+        self.bytes_down += int(down)
+        self.bytes_up += int(up)
+
     def end(self) -> None:
         """The run is done."""
         self.done = True
 
-    def rewind(self, version: int, clock: float) -> None:
-        """Go back to ``version`` at ``clock``: a window's deferred server steps are taken again from
-        where they started, each at its own time."""
-        self.version, self.clock = version, clock
+    def rewind(self, version: int, clock: float, bytes_down: int, bytes_up: int) -> None:
+        """Go back to ``version`` at ``clock`` with the bytes counted then: a window's deferred server
+        steps are taken again from where they started, each at its own time."""
+        self.version, self.clock, self.bytes_down, self.bytes_up = version, clock, bytes_down, bytes_up

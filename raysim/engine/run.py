@@ -333,6 +333,7 @@ class RunLoop:
             "evaluated_on": None if cfg.data.kind == "quadratic" else "actors" if evaluates_on_hosts(cfg) else "driver",
             "data_on_demand": self.prepared.dataset.on_demand,
             "model_sha256": final.get("model_sha256"), "virtual_time": final.get("virtual_time"),
+            "bytes_down": final.get("bytes_down"), "bytes_up": final.get("bytes_up"),
             "wall_seconds": time.perf_counter() - self.began,  # this process's; rounds' wall_time goes on from
             "resumed_at_step": None if self.resumed_from is None else self.resumed_from.version,  # the checkpoint's
             "wall_seconds_before_resume": None if self.resumed_from is None else self.resumed_from.wall_seconds,

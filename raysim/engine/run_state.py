@@ -52,6 +52,8 @@ class RunState:
     done: bool  # the run has ended
     loop: dict  # the execution loop's own state: plain content, see SyncRounds/AsyncUpdates.snapshot
     pipeline: dict = field(default_factory=dict)  # server stage name -> its state (raysim.pipeline)
+    bytes_down: int = 0  # bytes the clients received so far
+    bytes_up: int = 0  # bytes the clients sent so far
 
     def content(self) -> dict:
         """The state as plain content (what :meth:`save` writes)."""

@@ -137,6 +137,7 @@ class Scheduler:
         params = self.algorithm.global_params(self.state)
         return {"params": params.clone(), "model_sha256": sha256(params), "virtual_time": self.clock,
                 "server_steps": self.version, "client_updates": self.progress.applied,
+                "bytes_down": self.progress.bytes_down, "bytes_up": self.progress.bytes_up,
                 "system": self.system.describe(), **self.privacy_spent()}
 
     def _ledger(self) -> tuple:
@@ -174,7 +175,8 @@ class Scheduler:
         p = self.progress
         return RunState(server=self.state, client_state=dict(self.client_state), clock=float(p.clock),
                         version=p.version, counter=p.counter, applied=p.applied, last_eval=dict(self.evaluation.last),
-                        done=p.done, loop=self.loop.snapshot(), pipeline=dict(self.server.stage_states))
+                        done=p.done, loop=self.loop.snapshot(), pipeline=dict(self.server.stage_states),
+                        bytes_down=p.bytes_down, bytes_up=p.bytes_up)
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
@@ -183,7 +185,8 @@ class Scheduler:
         self.began = time.perf_counter() - wall_seconds
         self.server.restore(state.server, state.pipeline)
         self.client_state = dict(state.client_state)
-        self.progress = Progress(state.version, state.clock, state.counter, state.applied, state.done)
+        self.progress = Progress(state.version, state.clock, state.counter, state.applied, state.done,
+                                 state.bytes_down, state.bytes_up)
         self.evaluation.last = dict(state.last_eval)
         self._rounds, self._events = [], []
         self.payloads.clear()
@@ -260,9 +263,13 @@ class Scheduler:
         tasks' :meth:`SystemModel.task_draws`, if drawn already)."""
         payload = self.payload()
         work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
+        return self.system.task_timing(clients, counters, work, *self.task_bytes(payload), draws)
+
+    def task_bytes(self, payload: dict) -> tuple[int, int]:
+        """(bytes a client receives, bytes it sends) for a task from ``payload``: the payload's
+        tensors at their own precision, and the update's numbers as the pipeline's stages encode them."""
         down = sum(t.numel() * t.element_size() for t in payload.values())
-        up = self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload) * self.value_bytes)
-        return self.system.task_timing(clients, counters, work, down, up, draws)
+        return down, self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload) * self.value_bytes)
 
     def log_round(self, updates, clients: int, samples: int, round_wall: float, evaluated: dict, **counts) -> None:
         """The rounds row of the server step just taken (:func:`round_row`), with ``evaluated`` (the
@@ -280,7 +287,8 @@ class Scheduler:
             "round": self.version, "virtual_time": self.clock, "wall_time": now - self.began, "train_loss": loss,
             **evaluated, "clients": clients, "samples": samples,
             "updates_per_second": clients / training if training > 0 else math.nan,
-            "eval_seconds": evaluated["eval_seconds"] + now - diagnosing, "epsilon": epsilon, **counts,
+            "eval_seconds": evaluated["eval_seconds"] + now - diagnosing, "epsilon": epsilon,
+            "total_bytes_down": self.progress.bytes_down, "total_bytes_up": self.progress.bytes_up, **counts,
             **diagnostics}))
 
     def _log_lost_tasks(self) -> None:
@@ -293,7 +301,7 @@ class Scheduler:
                 {}, round=np.asarray(task.versions) + 1, client_id=ids, actor=np.full(n, actor),
                 samples=self.train_sizes[ids], train_loss=np.full(n, math.nan), compute_seconds=np.zeros(n),
                 virtual_start=np.full(n, math.nan), virtual_end=np.full(n, math.nan), model_version=task.versions,
-                staleness=np.zeros(n), status=np.full(n, "retried"))
+                staleness=np.zeros(n), bytes_down=np.zeros(n), bytes_up=np.zeros(n), status=np.full(n, "retried"))
 
     def log_events(self, numbers: dict, **columns) -> None:
         """Event rows for client tasks that ended: the events schema's ``columns`` and the

@@ -63,6 +63,7 @@ class SyncRounds:
         k = len(clients) if ex.sampling == "poisson" else ex.clients_per_round  # Poisson: every client drawn counts
         counter = p.counter
         timing = s.timing(clients, np.full(len(clients), counter))
+        sizes = s.task_bytes(s.payload())  # of the model version the round starts from
         kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s,
                                                      clients, k, ex.deadline)
         handles = s.payload_handle()
@@ -84,12 +85,12 @@ class SyncRounds:
                 s.server.step(updates, s.aggregation_weights(updates), version)
             except DivergenceError:
                 p.end()
-                self._log_events(clients, kept, late, dropped, timing, updates, start, version, "diverged")
+                self._log_events(clients, kept, late, dropped, timing, sizes, updates, start, version, "diverged")
                 raise
             p.apply(len(updates.client_ids))
         p.pass_time(duration)
         p.step()
-        self._log_events(clients, kept, late, dropped, timing, updates, start, version, "applied")
+        self._log_events(clients, kept, late, dropped, timing, sizes, updates, start, version, "applied")
         final = p.version == ex.rounds
         if final:
             p.end()
@@ -109,7 +110,7 @@ class SyncRounds:
         clients = s.system.sample_available(clock, p.counter, s.round_size(p.counter))
         return make_tasks("train", clients, s.train_sizes, p.counter, s.task_size, p.version + 1)
 
-    def _log_events(self, clients, kept, late, dropped, timing, updates, start, version, kept_status) -> None:
+    def _log_events(self, clients, kept, late, dropped, timing, sizes, updates, start, version, kept_status) -> None:
         s = self.s
         n = len(clients)
         loss = np.full(n, math.nan)
@@ -121,8 +122,12 @@ class SyncRounds:
             loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
             numbers = s.client_columns(updates, pos, n)
         status = np.select([kept, late, dropped], [kept_status, "late", "dropped"], "failed")
+        down, up = sizes  # every client received the model; all but the failed sent their update back
+        bytes_down, bytes_up = np.full(n, down), np.where(timing.failed, 0, up)
+        s.progress.traffic(bytes_down.sum(), bytes_up.sum())
         s.log_events(numbers, round=np.full(n, version + 1), client_id=clients, actor=actor,
                      samples=s.train_sizes[clients], train_loss=loss, compute_seconds=compute,
                      virtual_start=np.full(n, start), virtual_end=start + timing.known_at_s,
-                     model_version=np.full(n, version), staleness=np.zeros(n), status=status)
+                     model_version=np.full(n, version), staleness=np.zeros(n), bytes_down=bytes_down,
+                     bytes_up=bytes_up, status=status)
 

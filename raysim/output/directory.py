@@ -40,6 +40,8 @@ PLOTS: dict[str, str] = {  # what `raysim report` writes (each only when some ru
     "accuracy_vs_wall_time.png": "test accuracy against wall-clock time, runs overlaid (--target as above)",
     "accuracy_vs_epsilon.png": "differential privacy: test accuracy against the ε spent (at the evaluation steps), "
                                "runs overlaid (--target as above)",
+    "accuracy_vs_bytes_up.png": "test accuracy against the bytes all clients uploaded so far, runs overlaid "
+                                "(--target as above)",
     "epsilon_vs_round.png": "differential privacy: the ε spent against server steps, runs overlaid",
     "loss_vs_round.png": "training loss (solid) and test loss (dashed) against server steps, runs overlaid",
     "loss_vs_virtual_time.png": "training and test loss against virtual time, runs overlaid",
@@ -69,6 +71,7 @@ ROUNDS_SCHEMA = pa.schema([
     ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
     ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
     ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
+    ("total_bytes_down", pa.int64()), ("total_bytes_up", pa.int64()),  # every client's, so far
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
     ("deployed_loss_gap", pa.float64()), ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),
     ("epsilon", pa.float64()),  # differential privacy: ε spent so far at δ, at the evaluation steps (else null)
@@ -79,7 +82,7 @@ EVENTS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("client_id", pa.int64()), ("actor", pa.int64()), ("samples", pa.int64()),
     ("train_loss", pa.float64()), ("compute_seconds", pa.float64()), ("virtual_start", pa.float64()),
     ("virtual_end", pa.float64()), ("model_version", pa.int64()), ("staleness", pa.int64()),
-    ("status", pa.string()), ("node", pa.string()),
+    ("bytes_down", pa.int64()), ("bytes_up", pa.int64()), ("status", pa.string()), ("node", pa.string()),
 ])
 """events.parquet's own columns (each row also holds the client's system profile, and an algorithm's
 client_diagnostics add more)."""

@@ -41,7 +41,8 @@ STATUS_COLORS = {"applied": "tab:green", "late": "tab:orange", "stale": "tab:pur
                  "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown", "diverged": "black"}
 X_AXES = {"round": "server step (round, or async model version)", "virtual_time": "virtual time (virtual s)",
           "wall_time": "wall time since training start (s)",
-          "epsilon": "ε spent (differential privacy, at the run's δ)"}
+          "epsilon": "ε spent (differential privacy, at the run's δ)",
+          "total_bytes_up": "bytes uploaded so far, all clients"}
 TIME_AXES = ("round", "virtual_time", "wall_time")  # accuracy and loss are drawn against each
 # errors and norms: log y whatever their span
 LOG_COLUMNS = ("rel_error", "grad_norm_sq", "loss_gap", "deployed_loss_gap")
@@ -98,6 +99,8 @@ def write_report(run_dirs: list[str], out_dir: str | None = None, target: float 
         **{f"accuracy_vs_{x}.png": (lambda x=x: _lines_figure(runs, x, ("test_accuracy",), "Test accuracy",
                                                               "test accuracy (fraction correct)", target))
            for x in (*TIME_AXES, "epsilon")},
+        "accuracy_vs_bytes_up.png": lambda: _lines_figure(runs, "total_bytes_up", ("test_accuracy",), "Test accuracy",
+                                                          "test accuracy (fraction correct)", target),
         **{f"loss_vs_{x}.png": (lambda x=x: _lines_figure(runs, x, ("train_loss", "test_loss"), "Loss", "loss"))
            for x in TIME_AXES},
         "epsilon_vs_round.png": lambda: _lines_figure(runs, "round", ("epsilon",), "Privacy spent", X_AXES["epsilon"]),
@@ -254,7 +257,7 @@ def _reach_text(run: SavedRun, x: str, target: float) -> str:
         return f"{target:g} not reached"
     value = run.rounds[x][i]
     where = {"round": f"step {value:,.0f}", "virtual_time": f"{seconds_text(value)} virtual s",
-             "wall_time": f"{value:.1f} s", "epsilon": f"ε = {value:.3g}"}
+             "wall_time": f"{value:.1f} s", "epsilon": f"ε = {value:.3g}", "total_bytes_up": f"{value:.3g} bytes up"}
     return f"{target:g} at {where[x]}"
 
 
