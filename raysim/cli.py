@@ -250,6 +250,7 @@ def cmd_list(args) -> int:
     from raysim.schema import describe
     from raysim.system.config import DISTRIBUTIONS
     from raysim.privacy.config import ACCOUNTANTS, MECHANISMS
+    from raysim.communication.config import OPERATORS
 
     if args.markdown:  # the key reference, docs/keys.md (or one algorithm's keys) as Markdown
         from raysim import reference
@@ -288,6 +289,7 @@ def cmd_list(args) -> int:
                                                                DISTRIBUTIONS.items() if name.startswith("attack.")},
                "privacy mechanisms (privacy.mechanism)": MECHANISMS,
                "privacy accountants (privacy.accountant)": ACCOUNTANTS,
+               "uplink operators (communication.uplink.kind)": OPERATORS,
                "scenario keys": keys(scenario)}
     print(yaml.safe_dump(listing, sort_keys=False, allow_unicode=True, width=110), end="")
     return 0

@@ -279,6 +279,11 @@ def _visits(cfg) -> float:
 
 
 def _kept_vectors(cfg) -> int:
+    """Parameter-sized vectors the algorithm (and error feedback's residual) keeps per visited client."""
+    return _algorithm_kept_vectors(cfg) + int(cfg.communication.uplink.error_feedback)
+
+
+def _algorithm_kept_vectors(cfg) -> int:
     """Parameter-sized vectors the algorithm keeps per visited client."""
     name = cfg.algorithm.name
     if name not in ALGORITHMS:

@@ -19,6 +19,7 @@ from raysim.scenario import Scenario
 from raysim.data import DATASETS
 from raysim.data.partition import PARTITIONERS
 from raysim.schema import Rule, When, path_schema
+from raysim.communication.config import OPERATORS
 from raysim.privacy.config import ACCOUNTANTS, MECHANISMS
 from raysim.system.config import DISTRIBUTIONS
 
@@ -154,6 +155,8 @@ SECTIONS = {  # top-level section -> what it holds
               "Byzantine clients.",
     "privacy": "Differential privacy of the clients' updates (clipping, noise, adaptive clipping) and the "
                "accounting of the ε a run spends.",
+    "communication": "How clients encode what they upload (compression, error feedback); every encoding's "
+                     "size is counted exactly and priced in upload time.",
     "runtime": "Where client work runs: Ray's actors or this process. No key here changes results.",
     "eval": "Evaluation of the global model, and of personalized models.",
     "output": "The run's directory and what is written there.",
@@ -191,7 +194,7 @@ def markdown() -> str:
     models = {name: kind.doc for name, kind in MODELS.items()}
     named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", models),
              ("algorithm.aggregator", AGGREGATOR_DOCS), ("privacy.mechanism", MECHANISMS),
-             ("privacy.accountant", ACCOUNTANTS)]
+             ("privacy.accountant", ACCOUNTANTS), ("communication.uplink.kind", OPERATORS)]
     sections = dict.fromkeys(name.split(".")[0] for name in DISTRIBUTIONS)  # in the order they are declared
     named += [(_system_keys(s), {n.split(".", 1)[1]: d for n, d in DISTRIBUTIONS.items() if n.split(".")[0] == s})
               for s in sections]

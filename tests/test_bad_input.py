@@ -117,7 +117,7 @@ def run_main(capsys, *args) -> str:
     (["model.hidden=[64,abc]"], "model.hidden[1] = 'abc': expected a value of type int"),
     (["model.hidden=7"], "model.hidden = 7: expected a list of int"),
     (["algoritm.lr=0.1"], "algoritm = {'lr': 0.1}: expected a known key (did you mean algorithm?); allowed here: "
-                          "name, seed, data, model, algorithm, execution, system, privacy, runtime, eval, output"),
+                          "name, seed, data, model, algorithm, execution, system, privacy, communication, runtime, eval, output"),
     (["model.hidden=[64,[1]]"], "model.hidden[1] = [1]: expected a value of type int"),
     (["data.image_shape=[3,{a: 32},32]"], "data.image_shape[1] = {'a': 32}: expected a value of type int"),
     (["algorithm.lr=0.1", "model.hidden=[64,64"],
@@ -168,7 +168,7 @@ def test_run_of_a_sweep_file_points_to_raysim_sweep(capsys):
     line = run_main(capsys, "run", str(REPO / "scenarios" / "scaling" / "actors.yaml"))
     assert line.startswith("error: sweep = {") and line.endswith("}: expected a known key; allowed here: name, "
                                                                   "seed, data, model, algorithm, execution, system, "
-                                                                  "privacy, runtime, eval, output; a sweep: section is run by "
+                                                                  "privacy, communication, runtime, eval, output; a sweep: section is run by "
                                                                   "raysim sweep FILE")
 
 

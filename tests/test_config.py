@@ -15,7 +15,7 @@ from raysim.errors import ScenarioError
 
 
 def test_top_level_keys_are_the_interface():
-    assert TOP_LEVEL_KEYS == ("name", "seed", "data", "model", "algorithm", "execution", "system", "privacy",
+    assert TOP_LEVEL_KEYS == ("name", "seed", "data", "model", "algorithm", "execution", "system", "privacy", "communication",
                               "runtime", "eval", "output")
 
 

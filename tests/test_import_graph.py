@@ -129,8 +129,8 @@ LAYERS = (  # bottom up; a module sits in the layer of the longest name that hol
     ("raysim.errors", "raysim.importing", "raysim.robust_f", "raysim.streams", "raysim.threads", "raysim.import_path",
      "raysim.startup",
      "raysim.schema", "raysim.measure", "raysim.data.kinds", "raysim.algorithms.aggregator_catalog",
-     "raysim.system.config", "raysim.privacy.config", "raysim.algorithms$",
-     "raysim.data$", "raysim.system$", "raysim.privacy$"),  # the ground floor, and the packages that load lazily
+     "raysim.system.config", "raysim.privacy.config", "raysim.communication.config",
+     "raysim.algorithms$", "raysim.data$", "raysim.system$", "raysim.privacy$", "raysim.communication$"),  # the ground floor, and the packages that load lazily
     ("raysim.data", "raysim.system", "raysim.output", "raysim.privacy"),  # data sets, system model, logs, accounting
     ("raysim.catalog", "raysim.algorithms.keys", "raysim.scenario$", "raysim.scenario.schema"),  # names, the schema
     ("raysim.scenario", "raysim.footprint"),  # loading and checking a scenario

@@ -96,7 +96,7 @@ class Halve(ClientStage):
         updates.vector = updates.vector / 2
         return updates
 
-    def upload_bytes(self, nbytes):
+    def upload_bytes(self, nbytes, values):
         return nbytes // 4
 
 

@@ -233,8 +233,9 @@ class Scheduler:
                                 "(check system.availability)")
 
     def with_states(self, tasks: list) -> list:
-        """Tasks carrying each client's kept state (stateful algorithms only)."""
-        if not self.algorithm.stateful:
+        """Tasks carrying each client's kept state (stateful algorithms, and client stages that keep
+        state: error feedback)."""
+        if not (self.algorithm.stateful or self.server.pipeline.keeps_client_state):
             return tasks
         return [replace(t, states=tuple(self.client_state.get(c) for c in t.client_ids)) for t in tasks]
 
@@ -269,7 +270,7 @@ class Scheduler:
         """(bytes a client receives, bytes it sends) for a task from ``payload``: the payload's
         tensors at their own precision, and the update's numbers as the pipeline's stages encode them."""
         down = sum(t.numel() * t.element_size() for t in payload.values())
-        return down, self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload) * self.value_bytes)
+        return down, self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload), self.value_bytes)
 
     def log_round(self, updates, clients: int, samples: int, round_wall: float, evaluated: dict, **counts) -> None:
         """The rounds row of the server step just taken (:func:`round_row`), with ``evaluated`` (the

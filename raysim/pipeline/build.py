@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.pipeline.attack import ByzantineAttack
+from raysim.pipeline.compression import UplinkCompression
 from raysim.pipeline.momentum import ClientMomentum
 from raysim.pipeline.privacy import (CentralGaussianNoise, ClipUpdate, LocalGaussianNoise, ParticipationLedger,
                                     TreeAggregationNoise)
@@ -14,13 +15,17 @@ from raysim.system.byzantine import Attack
 
 
 def client_stages(cfg) -> tuple:
-    """The stages a client's updates go through before upload: with differential privacy, clipping
-    to ``privacy.clip_norm`` (then, local DP, the client's own noise)."""
+    """The stages a client's updates go through before upload: the uplink's encoding
+    (``communication.uplink``), then with differential privacy clipping to ``privacy.clip_norm``
+    (then, local DP, the client's own noise)."""
+    stages = [] if cfg.communication.uplink.kind == "none" else [UplinkCompression(cfg.communication.uplink)]
     p = cfg.privacy
-    if p.mechanism == "none":
-        return ()
-    clip = ClipUpdate(p.clip_norm, adaptive=p.mechanism == "central" and p.adaptive_clip.target_quantile is not None)
-    return (clip, LocalGaussianNoise(p.noise_multiplier * p.clip_norm)) if p.mechanism == "local" else (clip,)
+    if p.mechanism != "none":
+        stages.append(ClipUpdate(p.clip_norm, adaptive=p.mechanism == "central"
+                                 and p.adaptive_clip.target_quantile is not None))
+    if p.mechanism == "local":
+        stages.append(LocalGaussianNoise(p.noise_multiplier * p.clip_norm))
+    return tuple(stages)
 
 
 def aggregate_stages(cfg) -> tuple:

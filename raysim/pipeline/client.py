@@ -21,13 +21,15 @@ class ClientStage:
 
     name = "client_stage"
     diagnostics: tuple = ()
+    keeps: tuple = ()  # the per-client states it keeps between a client's visits (among updates.states)
 
     def update(self, updates: ClientUpdates, ctx: ClientContext, payloads: list) -> ClientUpdates:
         """The task's updates as uploaded."""
         raise NotImplementedError
 
-    def upload_bytes(self, nbytes: int) -> int:
-        """The bytes of an upload of ``nbytes`` once this stage has acted (the same, by default)."""
+    def upload_bytes(self, nbytes: int, values: int) -> int:
+        """The bytes of an upload of ``nbytes`` (``values`` numbers) once this stage has acted (the
+        same, by default)."""
         return nbytes
 
 

@@ -57,10 +57,17 @@ class ServerPipeline:
         """The update stage called ``name`` (None: not in this pipeline)."""
         return next((stage for stage in self.stages if stage.name == name), None)
 
-    def upload_bytes(self, nbytes: int) -> int:
-        """The bytes a client uploads for an update of ``nbytes``, as the stages declare them."""
+    @property
+    def keeps_client_state(self) -> bool:
+        """Whether a client stage keeps per-client state between visits (error feedback)."""
+        return any(stage.keeps for stage in self.client_stages)
+
+    def upload_bytes(self, values: int, value_bytes: int) -> int:
+        """The bytes a client uploads for an update of ``values`` numbers of ``value_bytes`` each, as
+        the stages declare them."""
+        nbytes = values * value_bytes
         for stage in (*self.client_stages, *self.stages):
-            nbytes = stage.upload_bytes(nbytes)
+            nbytes = stage.upload_bytes(nbytes, values)
         return nbytes
 
     def step(self, server: ServerState, states: dict, updates: ClientUpdates, weights: np.ndarray,

@@ -46,8 +46,9 @@ class Stage:
         """(the step as this stage passes it on, the stage's new state)."""
         raise NotImplementedError
 
-    def upload_bytes(self, nbytes: int) -> int:
-        """The bytes of an upload of ``nbytes`` once this stage has acted (the same, by default)."""
+    def upload_bytes(self, nbytes: int, values: int) -> int:
+        """The bytes of an upload of ``nbytes`` (``values`` numbers) once this stage has acted (the
+        same, by default)."""
         return nbytes
 
 

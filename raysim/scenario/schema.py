@@ -2,7 +2,8 @@
 accepts and when it applies (dataclasses of :func:`raysim.schema.key`), section by section.
 
 A scenario is a YAML file whose top-level keys are exactly ``name``, ``seed``, ``data``, ``model``,
-``algorithm``, ``execution``, ``system``, ``privacy``, ``runtime``, ``eval`` and ``output``; the ``algorithm``
+``algorithm``, ``execution``, ``system``, ``privacy``, ``communication``, ``runtime``, ``eval`` and
+``output``; the ``algorithm``
 section's schema is the keys dataclass of the algorithm it names (:mod:`raysim.algorithms.keys`).
 Importing this module loads no data loader, no torch and no pyarrow.
 """
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from raysim.data.kinds import CLIENTS_FROM_FILES, DATA_FILES, GENERATED, PARTITIONED_FILES
 from raysim.schema import Check, Rule, key, non_negative, non_negative_int, one_of, positive, positive_int, when
+from raysim.communication.config import CommunicationConfig
 from raysim.privacy.config import PrivacyConfig
 from raysim.system.config import SystemConfig
 
@@ -307,6 +309,7 @@ class Scenario:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    communication: CommunicationConfig = field(default_factory=CommunicationConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

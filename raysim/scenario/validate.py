@@ -27,7 +27,8 @@ from raysim.scenario.schema import (SPLIT_KINDS, DataConfig, EvalConfig, Executi
 from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, non_negative, positive,
                            require, require_one_of)
 from raysim.privacy.accounting import accountant_kind, participation_law
-from raysim.privacy.config import PrivacyConfig
+from raysim.communication.config import UplinkConfig
+from raysim.privacy.config import AdaptiveClipConfig, PrivacyConfig
 from raysim.system import validate_system
 from raysim.system.config import OMNISCIENT_ATTACKS, byzantine_count
 
@@ -190,8 +191,11 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     validate_system(cfg.system, None if d.kind in CLIENTS_FROM_FILES else d.num_clients)
     _check_byzantine(cfg)
     check_values(cfg, PrivacyConfig, "privacy")
+    check_values(cfg, AdaptiveClipConfig, "privacy.adaptive_clip")
     _check_sampling(cfg)
     _check_privacy(cfg)
+    check_values(cfg, UplinkConfig, "communication.uplink")
+    _check_uplink(cfg)
 
     v = cfg.eval
     check_values(cfg, EvalConfig, "eval")
@@ -327,3 +331,16 @@ def _check_privacy(cfg: DictConfig) -> None:
     require(accountant_kind(p, law) != "pld" or law.kind != "fixed_size", "privacy.accountant", p.accountant,
             "rdp or auto with uniform fixed-size sampling (dp-accounting's PLD accountant cannot compose "
             "sampling without replacement; execution.sampling=poisson can)")
+
+
+def _check_uplink(cfg: DictConfig) -> None:
+    """An encoded upload is the update alone, and local DP's noise would undo any encoding."""
+    kind = cfg.communication.uplink.kind
+    if kind == "none":
+        return
+    uploads = algorithm_class(cfg.algorithm.name).uploads
+    require(not uploads, "algorithm.name", cfg.algorithm.name,
+            f"an algorithm whose clients upload only their update with communication.uplink.kind={kind} "
+            f"({cfg.algorithm.name} also uploads {', '.join(uploads)}, which the encoding would not cover)")
+    require(cfg.privacy.mechanism != "local", "communication.uplink.kind", kind,
+            "none with privacy.mechanism=local (each client's dense noise comes after the encoding and undoes it)")

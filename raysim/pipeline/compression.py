@@ -1,0 +1,89 @@
+"""Uplink compression as a client stage (``communication.uplink``): each client encodes its update,
+the server receives what the encoding carries (computed here as its decoded value, the bits it
+takes counted exactly by :func:`raysim.communication.config.upload_bits`). With error feedback the
+client adds what earlier encodings left out to its update first and keeps the new remainder as
+its own state (``ef_residual``), stored only for clients that have been sampled."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from raysim.algorithms import ClientContext, ClientUpdates
+from raysim.communication.config import kept, upload_bits
+from raysim.pipeline.client import ClientStage
+
+RESIDUAL = "ef_residual"
+
+
+def qsgd(vector: torch.Tensor, levels: int, rng: np.random.Generator) -> torch.Tensor:
+    """QSGD of one vector: ‖v‖·sign(v)·ξ/s, ξ = ⌊s|v|/‖v‖⌋ or one level more with probability the
+    remainder (so E[ξ] = s|v|/‖v‖: unbiased); ‖v‖ as float32 sends it."""
+    norm = float(np.float32(vector.double().norm()))
+    if norm == 0:
+        return torch.zeros_like(vector)
+    scaled = levels * vector.double().abs() / norm
+    low = scaled.floor()
+    up = torch.from_numpy(rng.random(vector.numel())).reshape(vector.shape) < scaled - low
+    return (norm * vector.double().sign() * (low + up) / levels).to(vector.dtype)
+
+
+def top_k(vector: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` entries of largest magnitude (ties: the lower index), the rest zero."""
+    order = np.argsort(-vector.double().abs().numpy(), kind="stable")[:k]
+    out = torch.zeros_like(vector)
+    out[order] = vector[order]
+    return out
+
+
+def rand_k(vector: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """``k`` entries drawn uniformly without replacement, scaled by P/k (unbiased), the rest zero."""
+    chosen = torch.from_numpy(rng.choice(vector.numel(), size=k, replace=False))
+    out = torch.zeros_like(vector)
+    out[chosen] = (vector[chosen].double() * (vector.numel() / k)).to(vector.dtype)
+    return out
+
+
+def scaled_sign(vector: torch.Tensor) -> torch.Tensor:
+    """‖v‖₁/P · sign(v), the scale as float32 sends it."""
+    scale = float(np.float32(vector.double().abs().mean()))
+    return (scale * vector.double().sign()).to(vector.dtype)
+
+
+def encode(uplink, vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """What the server decodes from ``uplink``'s encoding of one update."""
+    kind = uplink.kind
+    if kind in ("fp16", "bf16"):
+        return vector.to(torch.float16 if kind == "fp16" else torch.bfloat16).to(vector.dtype)
+    if kind == "qsgd":
+        return qsgd(vector, uplink.levels, rng)
+    if kind == "topk":
+        return top_k(vector, kept(uplink, vector.numel()))
+    if kind == "randk":
+        return rand_k(vector, kept(uplink, vector.numel()), rng)
+    return scaled_sign(vector)
+
+
+class UplinkCompression(ClientStage):
+    """Each client's update encoded by ``uplink`` (a communication.uplink section), with error
+    feedback if it says so; the stochastic encodings draw from the client's task stream."""
+
+    name = "uplink_compression"
+
+    def __init__(self, uplink):
+        self.uplink = uplink
+        self.keeps = (RESIDUAL,) if uplink.error_feedback else ()
+
+    def update(self, updates: ClientUpdates, ctx: ClientContext, payloads: list) -> ClientUpdates:
+        vector = updates.vector
+        if self.uplink.error_feedback:
+            vector = vector + ctx.kept(RESIDUAL, torch.zeros_like(vector)).to(vector.dtype)
+        sent = torch.stack([encode(self.uplink, row, rng) for row, rng in zip(vector, ctx.rngs)])
+        states = {**updates.states, RESIDUAL: vector - sent} if self.uplink.error_feedback else updates.states
+        return replace(updates, vector=sent, states=states)
+
+    def upload_bytes(self, nbytes: int, values: int) -> int:
+        return math.ceil(upload_bits(self.uplink, values, 8 * nbytes // max(values, 1)) / 8)

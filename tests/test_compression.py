@@ -1,0 +1,117 @@
+"""Uplink compression: the unbiased operators are unbiased, top-k keeps the k largest, every
+operator's upload is the documented number of bytes, error feedback carries what an encoding left
+out to the client's next update, and bad input is one line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import small_scenario
+
+import raysim
+from raysim.cli import main
+from raysim.communication.config import UplinkConfig, upload_bits
+from raysim.pipeline.compression import encode, qsgd, rand_k, scaled_sign, top_k
+
+VECTOR = torch.from_numpy(np.random.default_rng(0).standard_normal(200)).float()
+
+
+@pytest.mark.parametrize("kind, variance", [
+    ("qsgd", lambda v, P: min(P / 16, math.sqrt(P) / 4) * float(v.double().norm()) ** 2),  # s = 4: Alistarh et al.
+    ("randk", lambda v, P: (P / 20 - 1) * float(v.double().norm()) ** 2),  # k = 20: E‖C(v) − v‖² = (P/k − 1)‖v‖²
+])
+def test_the_unbiased_operators_average_to_the_vector(kind, variance):
+    uplink = UplinkConfig(kind=kind, levels=4, fraction=0.1)
+    draws = 4000
+    rng = np.random.default_rng(1)
+    mean = torch.stack([encode(uplink, VECTOR, rng).double() for _ in range(draws)]).mean(0)
+    error = float((mean - VECTOR.double()).norm()) ** 2
+    bound = variance(VECTOR, VECTOR.numel()) / draws  # E‖mean − v‖² is at most this
+    assert error <= 5 * bound, (error, bound)
+    assert error > 0  # the encodings are random
+
+
+def test_top_k_keeps_exactly_the_k_largest_and_sign_its_scale():
+    kept = top_k(VECTOR, 20)
+    largest = set(np.argsort(-VECTOR.abs().numpy())[:20].tolist())
+    assert set(torch.nonzero(kept).reshape(-1).tolist()) == largest
+    assert torch.equal(kept[list(largest)], VECTOR[list(largest)])
+    signed = scaled_sign(VECTOR)
+    assert torch.allclose(signed.abs(), torch.full_like(signed, float(VECTOR.abs().mean())))
+    assert torch.equal(signed.sign(), VECTOR.sign())
+    assert rand_k(VECTOR, 20, np.random.default_rng(0)).count_nonzero() == 20
+    assert qsgd(torch.zeros(5), 4, np.random.default_rng(0)).count_nonzero() == 0
+
+
+@pytest.mark.parametrize("kind, extra, bits", [
+    ("none", [], lambda P: 32 * P),
+    ("fp16", [], lambda P: 16 * P),
+    ("bf16", [], lambda P: 16 * P),
+    ("qsgd", ["communication.uplink.levels=7"], lambda P: 32 + P * (1 + 3)),
+    ("topk", ["communication.uplink.fraction=0.1"], lambda P: 32 * round(0.1 * P) + min(round(0.1 * P) * 11, P)),
+    ("randk", ["communication.uplink.fraction=0.001"], lambda P: 32 * 1 + 11),
+    ("sign", [], lambda P: 32 + P),
+])
+def test_each_upload_is_the_documented_number_of_bytes(tmp_path, kind, extra, bits):
+    result = raysim.run(small_scenario(tmp_path, f"communication.uplink.kind={kind}", *extra, "execution.rounds=1"))
+    events = pq.read_table(f"{result.output_dir}/events.parquet").to_pandas()
+    P = result.summary["model"]["parameters"]  # 1,146: ⌈log₂ P⌉ = 11
+    assert (events.bytes_up == math.ceil(bits(P) / 8)).all()
+    assert upload_bits(UplinkConfig(kind=kind, levels=7, fraction=0.1 if kind == "topk" else 0.001), P) == bits(P)
+
+
+def test_error_feedback_sends_what_was_left_out_at_the_clients_next_visit(tmp_path):
+    def run(name, *overrides):
+        result = raysim.run(small_scenario(tmp_path / name, "communication.uplink.kind=topk",
+                                           "communication.uplink.fraction=0.01", "execution.rounds=12",
+                                           "execution.clients_per_round=40", *overrides))
+        return result.summary["final_test_accuracy"]
+
+    without, with_ef = run("topk"), run("topk_ef", "communication.uplink.error_feedback=true")
+    # top-1% alone moves 11 of 1,146 entries a round; with the residual carried, the rest arrives later
+    assert with_ef > without + 0.05
+
+
+def test_error_feedback_loses_nothing_over_a_clients_visits():
+    from raysim.algorithms import ClientUpdates
+    from raysim.pipeline.compression import RESIDUAL, UplinkCompression
+
+    class Context:  # what the stage reads of a task: the client's kept state and its streams
+        def __init__(self, states):
+            self.states, self.rngs = states, [np.random.default_rng(0)]
+
+        def kept(self, name, default):
+            return default if self.states is None else self.states[name]
+
+    stage = UplinkCompression(UplinkConfig(kind="sign", error_feedback=True))
+    rng = np.random.default_rng(3)
+    state, sent, total = None, torch.zeros(50, dtype=torch.float64), torch.zeros(50, dtype=torch.float64)
+    for _ in range(6):
+        update = torch.from_numpy(rng.standard_normal((1, 50))).float()
+        out = stage.update(ClientUpdates(np.array([0]), np.ones(1), np.zeros(1), update), Context(state), [{}])
+        state = {RESIDUAL: out.states[RESIDUAL]}
+        sent += out.vector[0].double()
+        total += update[0].double()
+    # what was sent over the visits plus what the client still holds is everything it computed
+    torch.testing.assert_close(sent + state[RESIDUAL][0].double(), total, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["communication.uplink.kind=zip"], "communication.uplink.kind = 'zip': expected one of bf16, fp16, none, qsgd, "
+                                        "randk, sign, topk"),
+    (["communication.uplink.kind=topk", "communication.uplink.fraction=0"],
+     "communication.uplink.fraction = 0.0: expected a number in (0, 1]"),
+    (["communication.uplink.kind=qsgd", "communication.uplink.levels=0"],
+     "communication.uplink.levels = 0: expected a positive integer"),
+    (["communication.uplink.error_feedback=true"], "communication.uplink.error_feedback = True: expected no setting"),
+    (["communication.uplink.kind=sign", "privacy.mechanism=local", "privacy.noise_multiplier=1"],
+     "communication.uplink.kind = 'sign': expected none with privacy.mechanism=local"),
+])
+def test_bad_uplink_input_is_one_line(capsys, overrides, line):
+    assert main(["validate", "scenarios/quickstart.yaml", "runtime.backend=local", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {line}"), err
