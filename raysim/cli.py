@@ -357,15 +357,16 @@ def cmd_bench(args) -> int:
         if value < 1:
             raise ScenarioError(option, value, "an integer >= 1")
     if args.baseline is not None:
-        if args.durability or args.aggregators or args.scale or args.privacy:
-            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale or --privacy "
-                                                             "with it (it runs beside W1, W2 and --async)")
+        if args.durability or args.aggregators or args.scale or args.privacy or args.compression:
+            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale, --privacy or "
+                                                             "--compression with it (it runs beside W1, W2 and --async)")
         if not all((Path(args.baseline) / part).exists() for part in ("raysim/cli.py", "scenarios/bench")):
             raise ScenarioError("--baseline", args.baseline, "a raysim checkout, with raysim/cli.py and "
                                                              "scenarios/bench/ (git worktree add DIR COMMIT makes one)")
     return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
                      durability=args.durability, events=args.events, aggregators=args.aggregators, scale=args.scale,
-                     scale_clients=args.clients, baseline=args.baseline, privacy=args.privacy)
+                     scale_clients=args.clients, baseline=args.baseline, privacy=args.privacy,
+                     compression=args.compression)
 
 
 def _job_options(p, address: str) -> None:
@@ -445,6 +446,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--privacy", action="store_true",
                        help="W1 (60 rounds) with central DP against W1: the overhead of clipping, noise and "
                             "accounting")
+    bench.add_argument("--compression", action="store_true",
+                       help="W1 (60 rounds) with top-k 1%% and error feedback, and with QSGD, against W1: the "
+                            "encodings' cost")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--baseline", metavar="DIR",

@@ -28,7 +28,7 @@ def test_the_unbiased_operators_average_to_the_vector(kind, variance):
     uplink = UplinkConfig(kind=kind, levels=4, fraction=0.1)
     draws = 4000
     rng = np.random.default_rng(1)
-    mean = torch.stack([encode(uplink, VECTOR, rng).double() for _ in range(draws)]).mean(0)
+    mean = torch.stack([encode(uplink, VECTOR[None], [rng])[0].double() for _ in range(draws)]).mean(0)
     error = float((mean - VECTOR.double()).norm()) ** 2
     bound = variance(VECTOR, VECTOR.numel()) / draws  # E‖mean − v‖² is at most this
     assert error <= 5 * bound, (error, bound)

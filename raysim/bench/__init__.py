@@ -110,34 +110,41 @@ def run_async_bench(out: Path, repeat: int, baseline: Path | None = None) -> dic
 
 
 CENTRAL_DP = ("privacy.mechanism=central", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0")
-PRIVACY_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few
+COMPRESSION = {"topk_1pct_ef": ("communication.uplink.kind=topk", "communication.uplink.fraction=0.01",
+                                "communication.uplink.error_feedback=true"),
+               "qsgd_4": ("communication.uplink.kind=qsgd", "communication.uplink.levels=4")}
+STAGE_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few
 
 
-def run_privacy_bench(out: Path, repeat: int) -> dict:
-    """W1 (60 rounds) with central DP (clipping on the clients, the ledger, noise on the server's
-    sum, ε at the end) against W1 itself, interleaved ``repeat`` times, the side that goes first alternating
-    (a run can slow the next one while its processes exit): the overhead of privacy."""
+def run_stage_bench(out: Path, repeat: int, variants: dict) -> dict:
+    """W1 (60 rounds) with each of ``variants`` ({name: overrides}: stages of the update pipeline)
+    against W1 itself, interleaved ``repeat`` times, the order reversed every other time (a run can
+    slow the next one while its processes exit): each variant's cost a round and a client update."""
     runs = {}
-    sides = [("plain", ()), ("central_dp", CENTRAL_DP)]
+    sides = [("plain", ())] + list(variants.items())
     for k in range(repeat):
         for side, overrides in sides if k % 2 == 0 else sides[::-1]:
-            r = run_raysim("w1", out, overrides=PRIVACY_ROUNDS + overrides, side=side)
+            r = run_raysim("w1", out, overrides=STAGE_ROUNDS + overrides, side=side)
             runs.setdefault(f"w1/{side}", []).append(r)
             print(_row(f"w1/{side}", r), flush=True)
     med = {name: _median(rs) for name, rs in runs.items()}
-    plain, private = med["w1/plain"], med["w1/central_dp"]
-    ratios = {"wall": private["wall_seconds"] / plain["wall_seconds"],
-              "seconds_per_round": private["seconds_per_round"] / plain["seconds_per_round"]}
-    print(f"w1 (60 rounds): central DP / FedAvg steady seconds per round {ratios['seconds_per_round']:.3f}x "
-          f"(target <= 1.1), wall {ratios['wall']:.3f}x (medians of {repeat}; the wall holds the accounting's "
-          "fixed cost: importing dp-accounting and the final ε)")
+    plain = med["w1/plain"]
+    ratios = {}
+    for side in variants:
+        r = med[f"w1/{side}"]
+        per_update = (r["seconds_per_round"] - plain["seconds_per_round"]) / 100 * 1e6  # W1: 100 clients a round
+        ratios[side] = {"wall": r["wall_seconds"] / plain["wall_seconds"],
+                        "seconds_per_round": r["seconds_per_round"] / plain["seconds_per_round"],
+                        "microseconds_per_update": per_update}
+        print(f"w1 (60 rounds): {side} / FedAvg steady seconds per round {ratios[side]['seconds_per_round']:.3f}x "
+              f"({per_update:+.0f} µs a client update), wall {ratios[side]['wall']:.3f}x (medians of {repeat})")
     return {"runs": runs, "medians": med, "ratios": ratios}
 
 
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
               asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
               aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000,
-              baseline: str | None = None, privacy: bool = False) -> int:
+              baseline: str | None = None, privacy: bool = False, compression: bool = False) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``. ``baseline``: a raysim checkout
     run as a third side (and beside the scheduler of ``asynchronous``). ``durability``,
@@ -165,10 +172,12 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
         print(f"raysim bench --durability on {os.cpu_count()} CPUs; each run in a fresh process")
         (out / "bench_durability.json").write_text(json.dumps(run_durability_bench(out, events), indent=2) + "\n")
         return 0
-    if privacy:
-        print(f"raysim bench --privacy on {os.cpu_count()} CPUs; each run in a fresh process")
+    if privacy or compression:
+        name = "privacy" if privacy else "compression"
+        print(f"raysim bench --{name} on {os.cpu_count()} CPUs; each run in a fresh process")
         print(HEADER)
-        (out / "bench_privacy.json").write_text(json.dumps(run_privacy_bench(out, repeat), indent=2) + "\n")
+        variants = {"central_dp": CENTRAL_DP} if privacy else COMPRESSION
+        (out / f"bench_{name}.json").write_text(json.dumps(run_stage_bench(out, repeat, variants), indent=2) + "\n")
         return 0
     if asynchronous:
         print(f"raysim bench --async on {os.cpu_count()} CPUs; each run in a fresh process")

@@ -32,11 +32,14 @@ def qsgd(vector: torch.Tensor, levels: int, rng: np.random.Generator) -> torch.T
 
 
 def top_k(vector: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k`` entries of largest magnitude (ties: the lower index), the rest zero."""
-    order = np.argsort(-vector.double().abs().numpy(), kind="stable")[:k]
-    out = torch.zeros_like(vector)
-    out[order] = vector[order]
-    return out
+    """The ``k`` entries of largest magnitude of each row (ties: the lower index), the rest zero; in
+    linear time: above the k-th largest magnitude, and of the entries equal to it the first ones."""
+    size = vector.abs()
+    threshold = size.kthvalue(size.shape[-1] - k + 1, dim=-1, keepdim=True).values
+    above, tie = size > threshold, size == threshold
+    missing = k - above.sum(-1, keepdim=True)
+    keep = above | (tie & (tie.cumsum(-1) <= missing))
+    return torch.where(keep, vector, torch.zeros_like(vector))
 
 
 def rand_k(vector: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
@@ -48,23 +51,24 @@ def rand_k(vector: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tens
 
 
 def scaled_sign(vector: torch.Tensor) -> torch.Tensor:
-    """‖v‖₁/P · sign(v), the scale as float32 sends it."""
-    scale = float(np.float32(vector.double().abs().mean()))
+    """‖v‖₁/P · sign(v) of each row, the scale as float32 sends it."""
+    scale = vector.double().abs().mean(-1, keepdim=True).float().double()
     return (scale * vector.double().sign()).to(vector.dtype)
 
 
-def encode(uplink, vector: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """What the server decodes from ``uplink``'s encoding of one update."""
-    kind = uplink.kind
+def encode(uplink, vectors: torch.Tensor, rngs: list) -> torch.Tensor:
+    """What the server decodes from ``uplink``'s encoding of each row of ``vectors`` [C, P] (one
+    update a client, ``rngs`` its stream)."""
+    kind, values = uplink.kind, vectors.shape[-1]
     if kind in ("fp16", "bf16"):
-        return vector.to(torch.float16 if kind == "fp16" else torch.bfloat16).to(vector.dtype)
-    if kind == "qsgd":
-        return qsgd(vector, uplink.levels, rng)
+        return vectors.to(torch.float16 if kind == "fp16" else torch.bfloat16).to(vectors.dtype)
     if kind == "topk":
-        return top_k(vector, kept(uplink, vector.numel()))
-    if kind == "randk":
-        return rand_k(vector, kept(uplink, vector.numel()), rng)
-    return scaled_sign(vector)
+        return top_k(vectors, kept(uplink, values))
+    if kind == "sign":
+        return scaled_sign(vectors)
+    if kind == "qsgd":
+        return torch.stack([qsgd(row, uplink.levels, rng) for row, rng in zip(vectors, rngs)])
+    return torch.stack([rand_k(row, kept(uplink, values), rng) for row, rng in zip(vectors, rngs)])
 
 
 class UplinkCompression(ClientStage):
@@ -81,7 +85,7 @@ class UplinkCompression(ClientStage):
         vector = updates.vector
         if self.uplink.error_feedback:
             vector = vector + ctx.kept(RESIDUAL, torch.zeros_like(vector)).to(vector.dtype)
-        sent = torch.stack([encode(self.uplink, row, rng) for row, rng in zip(vector, ctx.rngs)])
+        sent = encode(self.uplink, vector, ctx.rngs)
         states = {**updates.states, RESIDUAL: vector - sent} if self.uplink.error_feedback else updates.states
         return replace(updates, vector=sent, states=states)
 
