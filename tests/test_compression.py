@@ -22,7 +22,7 @@ VECTOR = torch.from_numpy(np.random.default_rng(0).standard_normal(200)).float()
 
 @pytest.mark.parametrize("kind, variance", [
     ("qsgd", lambda v, P: min(P / 16, math.sqrt(P) / 4) * float(v.double().norm()) ** 2),  # s = 4: Alistarh et al.
-    ("randk", lambda v, P: (P / 20 - 1) * float(v.double().norm()) ** 2),  # k = 20: E‖C(v) − v‖² = (P/k − 1)‖v‖²
+    ("randk", lambda v, P: (P / 20 - 1) * float(v.double().norm()) ** 2),  # k = 20: (P/k − 1)‖v‖²
 ])
 def test_the_unbiased_operators_average_to_the_vector(kind, variance):
     uplink = UplinkConfig(kind=kind, levels=4, fraction=0.1)

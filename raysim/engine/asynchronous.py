@@ -124,7 +124,7 @@ class AsyncUpdates:
         self.steps_together = (self.ex.aggregation == "fedasync" and scheduler.server.pipeline.takes_steps_together
                                and not scheduler.algorithm.stateful and not scheduler.server.pipeline.keeps_client_state
                                and not (ev.personalized_steps or ev.personalized_epochs))
-        self.deferred: list | None = None  # a window's server steps, while they wait: (updates, weights, (clock, bytes))
+        self.deferred: list | None = None  # a window's steps, while they wait: (updates, weights, (clock, bytes))
         self.deferred_from = 0  # the model version they start from
 
     def versions_in_use(self):
