@@ -76,6 +76,7 @@ class Scheduler:
         self._rounds: list = []
         self._events: list = []
         self.value_bytes = initial.element_size()
+        self._sized: tuple = (None, None)  # (payload, its task_bytes): the last payload sized
         self.loop = SyncRounds(self) if cfg.execution.mode == "sync" else AsyncUpdates(self)
         self.payloads = PayloadCache(self.server.payload, runtime, self.loop.versions_in_use)
 
@@ -269,8 +270,11 @@ class Scheduler:
     def task_bytes(self, payload: dict) -> tuple[int, int]:
         """(bytes a client receives, bytes it sends) for a task from ``payload``: the payload's
         tensors at their own precision, and the update's numbers as the pipeline's stages encode them."""
-        down = sum(t.numel() * t.element_size() for t in payload.values())
-        return down, self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload), self.value_bytes)
+        if self._sized[0] is not payload:  # asked per event under FedAsync: once per payload
+            down = sum(t.numel() * t.element_size() for t in payload.values())
+            up = self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload), self.value_bytes)
+            self._sized = (payload, (down, up))
+        return self._sized[1]
 
     def log_round(self, updates, clients: int, samples: int, round_wall: float, evaluated: dict, **counts) -> None:
         """The rounds row of the server step just taken (:func:`round_row`), with ``evaluated`` (the

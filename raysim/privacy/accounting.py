@@ -90,13 +90,17 @@ class Accountant:
     value, or the one calibrated to ``target_epsilon``)."""
 
     def __init__(self, cfg, num_clients: int, noise_multiplier: float):
-        import dp_accounting
-
-        self.dp = dp_accounting
         self.cfg, self.num_clients, self.z = cfg, num_clients, float(noise_multiplier)
         self.law = participation_law(cfg, num_clients)
         self.kind = accountant_kind(cfg.privacy, self.law)
         self.delta = delta_of(cfg.privacy, num_clients)
+
+    @functools.cached_property
+    def dp(self):
+        """dp-accounting, imported on first use (0.9 s: not at the scheduler's start, but when ε is first wanted)."""
+        import dp_accounting
+
+        return dp_accounting
 
     @property
     def relation(self):
