@@ -108,13 +108,15 @@ def _log_columns() -> dict:
     """{kind of diagnostics: (the log it adds columns to, the columns that log has already)}."""
     from omegaconf import OmegaConf
 
+    from raysim.communication.config import EVENT_COLUMNS as SECURE_AGGREGATION_COLUMNS
     from raysim.output.directory import EVENTS_SCHEMA, ROUNDS_SCHEMA  # pyarrow: only for a custom algorithm
     from raysim.privacy.config import EVENT_COLUMNS
     from raysim.system import SystemConfig, SystemModel
 
     profile = SystemModel(OmegaConf.structured(SystemConfig), 1, 0).profile  # each event row's client fields
     return {"server_diagnostics": ("rounds.parquet", set(ROUNDS_SCHEMA.names) - {"grad_norm_sq"}),
-            "client_diagnostics": ("events.parquet", {*EVENTS_SCHEMA.names, *profile, *EVENT_COLUMNS})}
+            "client_diagnostics": ("events.parquet", {*EVENTS_SCHEMA.names, *profile, *EVENT_COLUMNS,
+                                                      *SECURE_AGGREGATION_COLUMNS})}
 
 
 @functools.cache

@@ -250,7 +250,7 @@ def cmd_list(args) -> int:
     from raysim.schema import describe
     from raysim.system.config import DISTRIBUTIONS
     from raysim.privacy.config import ACCOUNTANTS, MECHANISMS
-    from raysim.communication.config import OPERATORS
+    from raysim.communication.config import DOWNLINK, OPERATORS, PROTOCOLS
 
     if args.markdown:  # the key reference, docs/keys.md (or one algorithm's keys) as Markdown
         from raysim import reference
@@ -290,6 +290,8 @@ def cmd_list(args) -> int:
                "privacy mechanisms (privacy.mechanism)": MECHANISMS,
                "privacy accountants (privacy.accountant)": ACCOUNTANTS,
                "uplink operators (communication.uplink.kind)": OPERATORS,
+               "downlink operators (communication.downlink.kind)": DOWNLINK,
+               "secure aggregation protocols (communication.secure_aggregation.protocol)": PROTOCOLS,
                "scenario keys": keys(scenario)}
     print(yaml.safe_dump(listing, sort_keys=False, allow_unicode=True, width=110), end="")
     return 0
@@ -447,8 +449,8 @@ def parser() -> argparse.ArgumentParser:
                        help="W1 (60 rounds) with central DP against W1: the overhead of clipping, noise and "
                             "accounting")
     bench.add_argument("--compression", action="store_true",
-                       help="W1 (60 rounds) with top-k 1%% and error feedback, and with QSGD, against W1: the "
-                            "encodings' cost")
+                       help="W1 (60 rounds) with top-k 1%% and error feedback, with QSGD and with secure "
+                            "aggregation, against W1: the stages' cost")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--baseline", metavar="DIR",

@@ -279,8 +279,9 @@ def _visits(cfg) -> float:
 
 
 def _kept_vectors(cfg) -> int:
-    """Parameter-sized vectors the algorithm (and error feedback's residual) keeps per visited client."""
-    return _algorithm_kept_vectors(cfg) + int(cfg.communication.uplink.error_feedback)
+    """Parameter-sized vectors the algorithm (and error feedback's residual or EF21's estimate) keeps per
+    visited client."""
+    return _algorithm_kept_vectors(cfg) + int(cfg.communication.uplink.error_feedback != "none")
 
 
 def _algorithm_kept_vectors(cfg) -> int:

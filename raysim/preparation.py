@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from raysim.communication.secure_aggregation import protocol_of
 from raysim.data import FederatedDataset, GeneratedDataset, build_dataset
 from raysim.data.kinds import CLIENTS_FROM_FILES
 from raysim.footprint import check_fits
@@ -77,6 +78,7 @@ def prepare(cfg, create_output: bool = True, meanwhile: Callable[[], None] | Non
               file=sys.stderr)
     SystemModel(cfg.system, dataset.num_clients, cfg.seed)  # loads and checks trace files
     noise_multiplier = _plan_privacy(cfg, dataset.num_clients)
+    _warn_wrap_around(cfg)
     output = OutputDir.open(cfg.output.dir, create=create_output)
     if create_output:
         output.claim()  # a second live run into this directory is refused here, before Ray starts
@@ -116,6 +118,14 @@ def _plan_privacy(cfg, num_clients: int) -> float | None:
     z = planned_noise_multiplier(cfg, num_clients)
     check_count_noise(cfg, z)
     return z
+
+
+def _warn_wrap_around(cfg) -> None:
+    """Under secure aggregation: warn when the field is too small for a round's sum (it wraps around)."""
+    secure = protocol_of(cfg)
+    warning = secure.wrap_warning() if secure is not None else None
+    if warning is not None:
+        print(warning, file=sys.stderr)
 
 
 def _build_model(cfg, dataset) -> FlatModel:

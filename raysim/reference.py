@@ -19,7 +19,7 @@ from raysim.scenario import Scenario
 from raysim.data import DATASETS
 from raysim.data.partition import PARTITIONERS
 from raysim.schema import Rule, When, path_schema
-from raysim.communication.config import OPERATORS
+from raysim.communication.config import DOWNLINK, OPERATORS, PROTOCOLS
 from raysim.privacy.config import ACCOUNTANTS, MECHANISMS
 from raysim.system.config import DISTRIBUTIONS
 
@@ -194,7 +194,8 @@ def markdown() -> str:
     models = {name: kind.doc for name, kind in MODELS.items()}
     named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", models),
              ("algorithm.aggregator", AGGREGATOR_DOCS), ("privacy.mechanism", MECHANISMS),
-             ("privacy.accountant", ACCOUNTANTS), ("communication.uplink.kind", OPERATORS)]
+             ("privacy.accountant", ACCOUNTANTS), ("communication.uplink.kind", OPERATORS),
+             ("communication.downlink.kind", DOWNLINK), ("communication.secure_aggregation.protocol", PROTOCOLS)]
     sections = dict.fromkeys(name.split(".")[0] for name in DISTRIBUTIONS)  # in the order they are declared
     named += [(_system_keys(s), {n.split(".", 1)[1]: d for n, d in DISTRIBUTIONS.items() if n.split(".")[0] == s})
               for s in sections]

@@ -71,14 +71,16 @@ def test_error_feedback_sends_what_was_left_out_at_the_clients_next_visit(tmp_pa
                                            "execution.clients_per_round=40", *overrides))
         return result.summary["final_test_accuracy"]
 
-    without, with_ef = run("topk"), run("topk_ef", "communication.uplink.error_feedback=true")
+    without, with_ef = run("topk"), run("topk_ef", "communication.uplink.error_feedback=ef")
     # top-1% alone moves 11 of 1,146 entries a round; with the residual carried, the rest arrives later
     assert with_ef > without + 0.05
 
 
 def test_error_feedback_loses_nothing_over_a_clients_visits():
     from raysim.algorithms import ClientUpdates
-    from raysim.pipeline.compression import RESIDUAL, UplinkCompression
+    from raysim.pipeline.compression import KEPT, UplinkCompression
+
+    RESIDUAL = KEPT["ef"]
 
     class Context:  # what the stage reads of a task: the client's kept state and its streams
         def __init__(self, states):
@@ -87,7 +89,7 @@ def test_error_feedback_loses_nothing_over_a_clients_visits():
         def kept(self, name, default):
             return default if self.states is None else self.states[name]
 
-    stage = UplinkCompression(UplinkConfig(kind="sign", error_feedback=True))
+    stage = UplinkCompression(UplinkConfig(kind="sign", error_feedback="ef"))
     rng = np.random.default_rng(3)
     state, sent, total = None, torch.zeros(50, dtype=torch.float64), torch.zeros(50, dtype=torch.float64)
     for _ in range(6):
@@ -100,6 +102,33 @@ def test_error_feedback_loses_nothing_over_a_clients_visits():
     torch.testing.assert_close(sent + state[RESIDUAL][0].double(), total, rtol=0, atol=1e-5)
 
 
+def test_ef21_sends_the_encoded_change_and_catches_up_with_a_steady_update():
+    from raysim.algorithms import ClientUpdates
+    from raysim.pipeline.compression import KEPT, UplinkCompression, top_k
+
+    class Context:
+        def __init__(self, states):
+            self.states, self.rngs = states, [np.random.default_rng(0)]
+
+        def kept(self, name, default):
+            return default if self.states is None else self.states[name]
+
+    stage = UplinkCompression(UplinkConfig(kind="topk", fraction=0.1, error_feedback="ef21"))
+    update = torch.from_numpy(np.random.default_rng(4).standard_normal((1, 50)))
+    state, estimate = None, torch.zeros(1, 50, dtype=torch.float64)
+    for visit in range(5):  # top-5 of 50 entries: the estimate holds the whole update after 10 visits
+        out = stage.update(ClientUpdates(np.array([0]), np.ones(1), np.zeros(1), update), Context(state), [{}])
+        estimate = estimate + top_k(update - estimate, 5)  # g + C(v − g), by hand
+        torch.testing.assert_close(out.vector, estimate, rtol=0, atol=0)
+        state = {KEPT["ef21"]: out.states[KEPT["ef21"]]}
+        torch.testing.assert_close(state[KEPT["ef21"]], out.vector, rtol=0, atol=0)
+        assert int((out.vector != 0).sum()) == 5 * (visit + 1)
+    for _ in range(5):
+        out = stage.update(ClientUpdates(np.array([0]), np.ones(1), np.zeros(1), update), Context(state), [{}])
+        state = {KEPT["ef21"]: out.states[KEPT["ef21"]]}
+    torch.testing.assert_close(out.vector, update, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("overrides, line", [
     (["communication.uplink.kind=zip"], "communication.uplink.kind = 'zip': expected one of bf16, fp16, none, qsgd, "
                                         "randk, sign, topk"),
@@ -107,7 +136,9 @@ def test_error_feedback_loses_nothing_over_a_clients_visits():
      "communication.uplink.fraction = 0.0: expected a number in (0, 1]"),
     (["communication.uplink.kind=qsgd", "communication.uplink.levels=0"],
      "communication.uplink.levels = 0: expected a positive integer"),
-    (["communication.uplink.error_feedback=true"], "communication.uplink.error_feedback = True: expected no setting"),
+    (["communication.uplink.error_feedback=ef"], "communication.uplink.error_feedback = 'ef': expected no setting"),
+    (["communication.uplink.kind=topk", "communication.uplink.error_feedback=true"],
+     "communication.uplink.error_feedback = 'True': expected one of ef, ef21, none"),
     (["communication.uplink.kind=sign", "privacy.mechanism=local", "privacy.noise_multiplier=1"],
      "communication.uplink.kind = 'sign': expected none with privacy.mechanism=local"),
 ])

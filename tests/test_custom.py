@@ -252,7 +252,7 @@ def test_custom_entries_fail_with_one_line_naming_the_key(tmp_path, parts, overr
     (["algorithm.name=my_parts.lib:ColumnDiagnostic"], "algorithm.name = 'my_parts.lib:ColumnDiagnostic': expected "
                                                        "an algorithm whose server_diagnostics is a tuple of distinct "
                                                        "identifiers, none of them a column rounds.parquet already has "
-                                                       "(clients, deployed_loss_gap, dropped, epsilon, eval_seconds, failed, "
+                                                       "(aborted, clients, deployed_loss_gap, dropped, epsilon, eval_seconds, failed, "
                                                        "hessian_min_eig, late, loss_gap, objective, parameters, personalized_accuracy, "
                                                        "personalized_accuracy_ci95, personalized_accuracy_mean, "
                                                        "rel_error, round, samples, stale, test_accuracy, test_loss, "
@@ -265,7 +265,8 @@ def test_custom_entries_fail_with_one_line_naming_the_key(tmp_path, parts, overr
                                                         "already has (actor, bytes_down, bytes_up, byzantine, client_id, clip_norm, "
                                                         "compute_seconds, down_mbps, latency_s, local_steps, "
                                                         "model_version, net_tier, node, norm_before_clip, "
-                                                        "norm_uploaded, participation, phase, round, samples, slow, "
+                                                        "norm_uploaded, participation, phase, round, samples, "
+                                                        "secagg_clipped, slow, "
                                                         "speed, staleness, status, tier, train_loss, up_mbps, "
                                                         "virtual_end, virtual_start) (it declares ('speed',))"),
 ])

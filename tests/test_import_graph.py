@@ -130,6 +130,7 @@ LAYERS = (  # bottom up; a module sits in the layer of the longest name that hol
      "raysim.startup",
      "raysim.schema", "raysim.measure", "raysim.data.kinds", "raysim.algorithms.aggregator_catalog",
      "raysim.system.config", "raysim.privacy.config", "raysim.communication.config",
+     "raysim.communication.secure_aggregation",
      "raysim.algorithms$", "raysim.data$", "raysim.system$", "raysim.privacy$", "raysim.communication$"),  # the ground floor, and the packages that load lazily
     ("raysim.data", "raysim.system", "raysim.output", "raysim.privacy"),  # data sets, system model, logs, accounting
     ("raysim.catalog", "raysim.algorithms.keys", "raysim.scenario$", "raysim.scenario.schema"),  # names, the schema

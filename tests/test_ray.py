@@ -60,7 +60,12 @@ MODES = {
     "topk_ef_fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=6",
                                      "execution.concurrency=12", "execution.max_updates=36",
                                      "communication.uplink.kind=topk", "communication.uplink.fraction=0.05",
-                                     "communication.uplink.error_feedback=true"],
+                                     "communication.uplink.error_feedback=ef"],
+    # secure aggregation with dropouts and deadlines: some rounds fall below the threshold and fail
+    "secagg_dropouts": STRAGGLERS + ["execution.rounds=5", "execution.clients_per_round=20", "execution.deadline=10",
+                                     "runtime.clients_per_task=3", "system.dropout=0.15",
+                                     "communication.secure_aggregation.protocol=secagg_plus",
+                                     "communication.secure_aggregation.threshold=10"],
     "local_dp_fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=6",
                                       "execution.concurrency=12", "execution.max_updates=36",
                                       "privacy.mechanism=local", "privacy.noise_multiplier=0.3"],

@@ -111,8 +111,9 @@ def run_async_bench(out: Path, repeat: int, baseline: Path | None = None) -> dic
 
 CENTRAL_DP = ("privacy.mechanism=central", "privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0")
 COMPRESSION = {"topk_1pct_ef": ("communication.uplink.kind=topk", "communication.uplink.fraction=0.01",
-                                "communication.uplink.error_feedback=true"),
-               "qsgd_4": ("communication.uplink.kind=qsgd", "communication.uplink.levels=4")}
+                                "communication.uplink.error_feedback=ef"),
+               "qsgd_4": ("communication.uplink.kind=qsgd", "communication.uplink.levels=4"),
+               "secagg": ("communication.secure_aggregation.protocol=secagg",)}
 STAGE_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few
 
 

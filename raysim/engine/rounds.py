@@ -8,7 +8,7 @@ import math
 from raysim.output.directory import ROUNDS_SCHEMA
 
 ROUND_COLUMNS = tuple(ROUNDS_SCHEMA.names)
-TASK_COUNTS = ("late", "dropped", "failed", "stale")  # the step's tasks by status other than applied: 0 unless given
+TASK_COUNTS = ("late", "dropped", "failed", "stale", "aborted")  # the step's tasks by status other than applied: 0 unless given
 DEFAULTS = {name: 0 if name in TASK_COUNTS else None for name in ROUND_COLUMNS}  # each column's value when not given
 
 

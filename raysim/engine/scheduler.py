@@ -265,13 +265,14 @@ class Scheduler:
         tasks' :meth:`SystemModel.task_draws`, if drawn already)."""
         payload = self.payload()
         work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
-        return self.system.task_timing(clients, counters, work, *self.task_bytes(payload), draws)
+        return self.system.task_timing(clients, counters, work, *self.task_bytes(payload), draws,
+                                       self.server.pipeline.round_trips)
 
     def task_bytes(self, payload: dict) -> tuple[int, int]:
-        """(bytes a client receives, bytes it sends) for a task from ``payload``: the payload's
-        tensors at their own precision, and the update's numbers as the pipeline's stages encode them."""
+        """(bytes a client receives, bytes it sends) for a task from ``payload``, as the pipeline
+        encodes them (:meth:`ServerPipeline.download_bytes`, :meth:`ServerPipeline.upload_bytes`)."""
         if self._sized[0] is not payload:  # asked per event under FedAsync: once per payload
-            down = sum(t.numel() * t.element_size() for t in payload.values())
+            down = self.server.pipeline.download_bytes(payload)
             up = self.server.pipeline.upload_bytes(self.algorithm.upload_size(payload), self.value_bytes)
             self._sized = (payload, (down, up))
         return self._sized[1]

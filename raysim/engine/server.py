@@ -15,9 +15,9 @@ class Server:
         self.pipeline, self.state, self.stage_states = pipeline, state, pipeline.init()
 
     def payload(self) -> dict:
-        """What clients receive now: the algorithm's payload of the server state, and what the
-        pipeline's stages broadcast (adaptive clipping's clip norm)."""
-        return {**self.pipeline.algorithm.payload(self.state), **self.pipeline.broadcast(self.stage_states)}
+        """What clients receive now: the algorithm's payload of the server state, its model as the
+        downlink encodes it, and what the pipeline's stages broadcast (adaptive clipping's clip norm)."""
+        return self.pipeline.broadcast(self.pipeline.algorithm.payload(self.state), self.stage_states)
 
     def step(self, updates, weights: np.ndarray, version: int) -> None:
         """Take a server step from model ``version`` on ``updates`` (a round or a FedBuff buffer,

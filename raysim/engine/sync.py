@@ -1,6 +1,7 @@
 """Synchronous rounds under virtual time: sample available clients, draw their durations, let
-the round policy (wait for all, deadline, over-selection) decide which updates count, compute
-only those, aggregate in client-id order, and advance the clock by the round's duration."""
+the round policy (wait for all, deadline, over-selection) decide which updates count (under
+secure aggregation: none, if fewer survive than its threshold), compute only those, aggregate in
+client-id order, and advance the clock by the round's duration."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class SyncRounds:
         sizes = s.task_bytes(s.payload())  # of the model version the round starts from
         kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s,
                                                      clients, k, ex.deadline)
+        kept, aborted, duration = self._secure_round(clients, kept, duration)
         handles = s.payload_handle()
         version = p.version
         updates = None
@@ -85,12 +87,13 @@ class SyncRounds:
                 s.server.step(updates, s.aggregation_weights(updates), version)
             except DivergenceError:
                 p.end()
-                self._log_events(clients, kept, late, dropped, timing, sizes, updates, start, version, "diverged")
+                self._log_events(clients, kept, late, dropped, aborted, timing, sizes, updates, start, version,
+                                 "diverged")
                 raise
             p.apply(len(updates.client_ids))
         p.pass_time(duration)
         p.step()
-        self._log_events(clients, kept, late, dropped, timing, sizes, updates, start, version, "applied")
+        self._log_events(clients, kept, late, dropped, aborted, timing, sizes, updates, start, version, "applied")
         final = p.version == ex.rounds
         if final:
             p.end()
@@ -98,7 +101,21 @@ class SyncRounds:
         n_kept = int(kept.sum())
         s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
                     time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),
-                    dropped=int(dropped.sum()))
+                    dropped=int(dropped.sum()), aborted=int(aborted.sum()))
+
+    def _secure_round(self, clients: np.ndarray, kept: np.ndarray, duration: float):
+        """(kept, aborted masks, round duration) under secure aggregation: with fewer survivors than
+        its threshold the round's sum cannot be unmasked and every kept update is aborted; else the
+        server's time to remove the masks of survivors and dropped clients ends the round."""
+        secure = self.s.server.pipeline.secure
+        aborted = np.zeros(len(clients), dtype=bool)
+        survivors = int(kept.sum())
+        if secure is None or not survivors:
+            return kept, aborted, duration
+        if survivors < secure.threshold:
+            return aborted, kept, duration
+        values = self.s.algorithm.upload_size(self.s.payload())
+        return kept, aborted, duration + secure.server_seconds(survivors, len(clients) - survivors, values)
 
     def _upcoming(self, clock: float) -> list:
         """The next round's training tasks as far as they are known before this round's results:
@@ -110,7 +127,8 @@ class SyncRounds:
         clients = s.system.sample_available(clock, p.counter, s.round_size(p.counter))
         return make_tasks("train", clients, s.train_sizes, p.counter, s.task_size, p.version + 1)
 
-    def _log_events(self, clients, kept, late, dropped, timing, sizes, updates, start, version, kept_status) -> None:
+    def _log_events(self, clients, kept, late, dropped, aborted, timing, sizes, updates, start, version,
+                    kept_status) -> None:
         s = self.s
         n = len(clients)
         loss = np.full(n, math.nan)
@@ -121,7 +139,7 @@ class SyncRounds:
             pos = np.searchsorted(clients, updates.client_ids)
             loss[pos], actor[pos], compute[pos] = updates.train_loss, updates.actor, updates.compute_seconds
             numbers = s.client_columns(updates, pos, n)
-        status = np.select([kept, late, dropped], [kept_status, "late", "dropped"], "failed")
+        status = np.select([kept, late, dropped, aborted], [kept_status, "late", "dropped", "aborted"], "failed")
         down, up = sizes  # every client received the model; all but the failed sent their update back
         bytes_down, bytes_up = np.full(n, down), np.where(timing.failed, 0, up)
         s.progress.traffic(bytes_down.sum(), bytes_up.sum())

@@ -71,6 +71,7 @@ ROUNDS_SCHEMA = pa.schema([
     ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
     ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
     ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
+    ("aborted", pa.int64()),  # secure aggregation: the round's updates discarded, too few survived to unmask
     ("total_bytes_down", pa.int64()), ("total_bytes_up", pa.int64()),  # every client's, so far
     ("rel_error", pa.float64()), ("grad_norm_sq", pa.float64()), ("loss_gap", pa.float64()),
     ("deployed_loss_gap", pa.float64()), ("objective", pa.float64()), ("hessian_min_eig", pa.float64()),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from raysim.communication.secure_aggregation import protocol_of
 from raysim.pipeline.attack import ByzantineAttack
 from raysim.pipeline.compression import UplinkCompression
 from raysim.pipeline.momentum import ClientMomentum
 from raysim.pipeline.privacy import (CentralGaussianNoise, ClipUpdate, LocalGaussianNoise, ParticipationLedger,
                                     TreeAggregationNoise)
+from raysim.pipeline.secure_aggregation import SecureQuantize, SecureSum
 from raysim.pipeline.server import ServerPipeline
 from raysim.privacy.config import count_noise, expected_participants, update_noise_multiplier
 from raysim.system.byzantine import Attack
@@ -17,7 +19,8 @@ from raysim.system.byzantine import Attack
 def client_stages(cfg) -> tuple:
     """The stages a client's updates go through before upload: the uplink's encoding
     (``communication.uplink``), then with differential privacy clipping to ``privacy.clip_norm``
-    (then, local DP, the client's own noise)."""
+    (then, local DP, the client's own noise), then under secure aggregation the quantization to
+    the integers it masks."""
     stages = [] if cfg.communication.uplink.kind == "none" else [UplinkCompression(cfg.communication.uplink)]
     p = cfg.privacy
     if p.mechanism != "none":
@@ -25,6 +28,9 @@ def client_stages(cfg) -> tuple:
                                  and p.adaptive_clip.target_quantile is not None))
     if p.mechanism == "local":
         stages.append(LocalGaussianNoise(p.noise_multiplier * p.clip_norm))
+    secure = protocol_of(cfg)
+    if secure is not None:
+        stages.append(SecureQuantize(secure))
     return tuple(stages)
 
 
@@ -46,7 +52,8 @@ def server_pipeline(cfg, algorithm, byzantine: np.ndarray) -> ServerPipeline:
     """The server step of scenario ``cfg``: the privacy ledger (with differential privacy), client
     momentum (``algorithm.client_momentum`` > 0), then the Byzantine attack (when some client is
     Byzantine and the attack replaces updates),
-    then ``algorithm``'s aggregation, the aggregate stages, and ``algorithm``'s server optimizer.
+    then secure aggregation's modular sum (``communication.secure_aggregation``), then ``algorithm``'s
+    aggregation, the aggregate stages, and ``algorithm``'s server optimizer.
     ``byzantine``: [N] the clients' Byzantine flags (the system profile)."""
     mechanism = cfg.privacy.mechanism
     ledger = ParticipationLedger(len(byzantine), versions=mechanism == "dp_ftrl", squared=mechanism == "central")
@@ -62,4 +69,8 @@ def server_pipeline(cfg, algorithm, byzantine: np.ndarray) -> ServerPipeline:
                   if hasattr(cfg.algorithm, "aggregator") else "")
         stages.append(ByzantineAttack(attack, byzantine, cfg.system.byzantine.window if watches else None,
                                       not algorithm.aggregator.robust, advice))
-    return ServerPipeline(algorithm, tuple(stages), aggregate_stages(cfg), client_stages(cfg), byzantine, cfg)
+    secure = protocol_of(cfg)
+    if secure is not None:
+        stages.append(SecureSum(secure))
+    return ServerPipeline(algorithm, tuple(stages), aggregate_stages(cfg), client_stages(cfg), byzantine, cfg,
+                          cfg.communication.downlink.kind, secure)

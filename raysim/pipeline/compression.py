@@ -1,8 +1,11 @@
-"""Uplink compression as a client stage (``communication.uplink``): each client encodes its update,
+"""Uplink compression as a client stage (``communication.uplink``), and the downlink's encoding of
+the model (:func:`encode_model`). Each client encodes its update,
 the server receives what the encoding carries (computed here as its decoded value, the bits it
-takes counted exactly by :func:`raysim.communication.config.upload_bits`). With error feedback the
-client adds what earlier encodings left out to its update first and keeps the new remainder as
-its own state (``ef_residual``), stored only for clients that have been sampled."""
+takes counted exactly by :func:`raysim.communication.config.upload_bits`). With error feedback
+(``ef``) the client adds what earlier encodings left out to its update first and keeps the new
+remainder as its own state (``ef_residual``); with EF21 it encodes the difference between its
+update and its last decoded one g, which both ends hold (``ef21_estimate``), and the server
+decodes g + C(v − g). Either state is stored only for clients that have been sampled."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from raysim.algorithms import ClientContext, ClientUpdates
 from raysim.communication.config import kept, upload_bits
 from raysim.pipeline.client import ClientStage
 
-RESIDUAL = "ef_residual"
+KEPT = {"ef": "ef_residual", "ef21": "ef21_estimate"}
 
 
 def qsgd(vector: torch.Tensor, levels: int, rng: np.random.Generator) -> torch.Tensor:
@@ -71,23 +74,36 @@ def encode(uplink, vectors: torch.Tensor, rngs: list) -> torch.Tensor:
     return torch.stack([rand_k(row, kept(uplink, values), rng) for row, rng in zip(vectors, rngs)])
 
 
+def encode_model(kind: str, params: torch.Tensor) -> torch.Tensor:
+    """The model's parameters as clients decode them from the downlink's encoding ``kind``
+    (``communication.downlink.kind``: none, fp16 or bf16)."""
+    if kind == "none":
+        return params
+    return params.to(torch.float16 if kind == "fp16" else torch.bfloat16).to(params.dtype)
+
+
 class UplinkCompression(ClientStage):
-    """Each client's update encoded by ``uplink`` (a communication.uplink section), with error
-    feedback if it says so; the stochastic encodings draw from the client's task stream."""
+    """Each client's update encoded by ``uplink`` (a communication.uplink section), with its error
+    feedback (see the module docstring); the stochastic encodings draw from the client's task stream."""
 
     name = "uplink_compression"
 
     def __init__(self, uplink):
         self.uplink = uplink
-        self.keeps = (RESIDUAL,) if uplink.error_feedback else ()
+        self.kept = KEPT.get(uplink.error_feedback)
+        self.keeps = (self.kept,) if self.kept else ()
 
     def update(self, updates: ClientUpdates, ctx: ClientContext, payloads: list) -> ClientUpdates:
-        vector = updates.vector
-        if self.uplink.error_feedback:
-            vector = vector + ctx.kept(RESIDUAL, torch.zeros_like(vector)).to(vector.dtype)
-        sent = encode(self.uplink, vector, ctx.rngs)
-        states = {**updates.states, RESIDUAL: vector - sent} if self.uplink.error_feedback else updates.states
-        return replace(updates, vector=sent, states=states)
+        vector, feedback = updates.vector, self.uplink.error_feedback
+        if feedback == "none":
+            return replace(updates, vector=encode(self.uplink, vector, ctx.rngs))
+        held = ctx.kept(self.kept, torch.zeros_like(vector)).to(vector.dtype)
+        if feedback == "ef":
+            vector = vector + held
+            sent = encode(self.uplink, vector, ctx.rngs)
+            return replace(updates, vector=sent, states={**updates.states, self.kept: vector - sent})
+        decoded = held + encode(self.uplink, vector - held, ctx.rngs)  # ef21
+        return replace(updates, vector=decoded, states={**updates.states, self.kept: decoded})
 
     def upload_bytes(self, nbytes: int, values: int) -> int:
         return math.ceil(upload_bits(self.uplink, values, 8 * nbytes // max(values, 1)) / 8)

@@ -5,10 +5,15 @@ them, all go through it."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from raysim.algorithms import ClientUpdates, ServerState
+from raysim.communication.config import download_bits
+from raysim.communication.secure_aggregation import EXTRA_ROUND_TRIPS
 from raysim.errors import DivergenceError
+from raysim.pipeline.compression import encode_model
 from raysim.pipeline.stage import Aggregate, ServerInput
 
 
@@ -16,13 +21,16 @@ class ServerPipeline:
     """``stages`` (update :class:`~.stage.Stage` objects), ``algorithm``'s aggregation rule,
     ``aggregate_stages`` (:class:`~.stage.AggregateStage` objects), then ``algorithm``'s
     :meth:`server_apply`; ``client_stages``: what clients run before upload (for the bytes they
-    declare); ``byzantine`` [N] and ``cfg`` (the scenario) word a divergence. States are passed in
-    and returned: the server state, and the stages' states as ``{stage name: state}``."""
+    declare); ``downlink``: how the broadcast model is encoded (``communication.downlink.kind``);
+    ``secure``: secure aggregation's protocol (its costs), or None; ``byzantine`` [N] and ``cfg``
+    (the scenario) word a divergence. States are passed in and returned: the server state, and
+    the stages' states as ``{stage name: state}``."""
 
     def __init__(self, algorithm, stages: tuple, aggregate_stages: tuple, client_stages: tuple, byzantine: np.ndarray,
-                 cfg):
+                 cfg, downlink: str = "none", secure=None):
         self.algorithm, self.stages, self.aggregate_stages = algorithm, stages, aggregate_stages
         self.client_stages, self.byzantine, self.cfg = client_stages, byzantine, cfg
+        self.downlink, self.secure = downlink, secure
 
     def init(self) -> dict:
         """The stages' states before the first step."""
@@ -46,12 +54,27 @@ class ServerPipeline:
         """The events.parquet columns the client stages add (each a number per client)."""
         return tuple(dict.fromkeys(name for stage in self.client_stages for name in stage.diagnostics))
 
-    def broadcast(self, states: dict) -> dict:
-        """{name: tensor} the aggregate stages send to clients with the model (from their ``states``)."""
-        sent = {}
+    def broadcast(self, payload: dict, states: dict) -> dict:
+        """What clients receive: the algorithm's ``payload`` with its model encoded by the downlink
+        (as clients decode it), and {name: tensor} the aggregate stages send with it (from their ``states``)."""
+        sent = {**payload, "params": encode_model(self.downlink, payload["params"])}
         for stage in self.aggregate_stages:
             sent.update(stage.broadcast(states[stage.name]))
         return sent
+
+    def download_bytes(self, payload: dict) -> int:
+        """The bytes a client receives for ``payload`` (:meth:`broadcast`'s): its tensors at their own
+        precision, the model's entries as the downlink encodes them, and secure aggregation's messages."""
+        params = payload["params"]
+        nbytes = sum(t.numel() * t.element_size() for name, t in payload.items() if name != "params")
+        nbytes += math.ceil(download_bits(self.downlink, params.numel(), 8 * params.element_size()) / 8)
+        return nbytes + (self.secure.download_bytes() if self.secure is not None else 0)
+
+    @property
+    def round_trips(self) -> int:
+        """The round trips of a client's task over its network: 1 (model down, update up), and
+        secure aggregation's extra ones."""
+        return 1 + (EXTRA_ROUND_TRIPS if self.secure is not None else 0)
 
     def stage(self, name: str):
         """The update stage called ``name`` (None: not in this pipeline)."""

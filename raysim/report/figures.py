@@ -38,7 +38,8 @@ SPAN = 100.0  # an axis whose positive values span more than this factor is loga
 MAX_MARKERS = 60  # series with more points are drawn without markers
 _MARKERS = "osD^vPX*"  # one per overlaid run (_run_style)
 STATUS_COLORS = {"applied": "tab:green", "late": "tab:orange", "stale": "tab:purple",
-                 "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown", "diverged": "black"}
+                 "dropped": "tab:gray", "failed": "tab:red", "retried": "tab:brown", "diverged": "black",
+                 "aborted": "tab:olive"}
 X_AXES = {"round": "server step (round, or async model version)", "virtual_time": "virtual time (virtual s)",
           "wall_time": "wall time since training start (s)",
           "epsilon": "ε spent (differential privacy, at the run's δ)",

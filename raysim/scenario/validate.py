@@ -27,7 +27,7 @@ from raysim.scenario.schema import (SPLIT_KINDS, DataConfig, EvalConfig, Executi
 from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, non_negative, positive,
                            require, require_one_of)
 from raysim.privacy.accounting import accountant_kind, participation_law
-from raysim.communication.config import UplinkConfig
+from raysim.communication.config import DownlinkConfig, SecureAggregationConfig, UplinkConfig
 from raysim.privacy.config import AdaptiveClipConfig, PrivacyConfig
 from raysim.system import validate_system
 from raysim.system.config import OMNISCIENT_ATTACKS, byzantine_count
@@ -196,6 +196,9 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     _check_privacy(cfg)
     check_values(cfg, UplinkConfig, "communication.uplink")
     _check_uplink(cfg)
+    check_values(cfg, DownlinkConfig, "communication.downlink")
+    check_values(cfg, SecureAggregationConfig, "communication.secure_aggregation")
+    _check_secure_aggregation(cfg)
 
     v = cfg.eval
     check_values(cfg, EvalConfig, "eval")
@@ -331,6 +334,41 @@ def _check_privacy(cfg: DictConfig) -> None:
     require(accountant_kind(p, law) != "pld" or law.kind != "fixed_size", "privacy.accountant", p.accountant,
             "rdp or auto with uniform fixed-size sampling (dp-accounting's PLD accountant cannot compose "
             "sampling without replacement; execution.sampling=poisson can)")
+
+
+def _check_secure_aggregation(cfg: DictConfig) -> None:
+    """Secure aggregation sums whole synchronous rounds of plain updates with the mean: its values fit
+    its field and float64, its threshold is reachable, and no stage needs the single updates."""
+    secure, e = cfg.communication.secure_aggregation, cfg.execution
+    protocol = secure.protocol
+    if protocol == "none":
+        return
+    path = "communication.secure_aggregation"
+    require(e.mode == "sync", f"{path}.protocol", protocol,
+            "none in async mode (FedAsync applies each update alone: there is no round to sum over; a FedBuff "
+            "buffer's clients never meet to agree on masks)")
+    require(secure.value_bits <= min(secure.bits, 53), f"{path}.value_bits", secure.value_bits,
+            f"at most {path}.bits = {secure.bits} (a value must fit the field) and at most 53 (exact in float64)")
+    if secure.threshold is not None:
+        require(secure.threshold <= e.clients_per_round, f"{path}.threshold", secure.threshold,
+                f"at most execution.clients_per_round = {e.clients_per_round} (a round's survivors are at most the "
+                "clients it keeps)")
+    aggregator = cfg.algorithm.get("aggregator", "mean")
+    require(aggregator == "mean", "algorithm.aggregator", aggregator,
+            f"mean with {path}.protocol={protocol} (the server sees only the sum of the updates)")
+    uplink = cfg.communication.uplink.kind
+    require(uplink == "none", "communication.uplink.kind", uplink,
+            f"none with {path}.protocol={protocol} (the masked field elements are what is uploaded)")
+    require(not getattr(cfg.algorithm, "client_momentum", 0.0), "algorithm.client_momentum",
+            getattr(cfg.algorithm, "client_momentum", None),
+            f"0 with {path}.protocol={protocol} (the server cannot keep a momentum per client it cannot see)")
+    uploads = algorithm_class(cfg.algorithm.name).uploads
+    require(not uploads, "algorithm.name", cfg.algorithm.name,
+            f"an algorithm whose clients upload only their update with {path}.protocol={protocol} "
+            f"({cfg.algorithm.name} also uploads {', '.join(uploads)})")
+    b = cfg.system.byzantine
+    require(b.fraction == 0 and not b.clients, "system.byzantine.fraction", b.fraction,
+            f"0 with {path}.protocol={protocol} (Byzantine clients under secure aggregation are not modelled)")
 
 
 def _check_uplink(cfg: DictConfig) -> None:

@@ -181,9 +181,10 @@ class SystemModel:
         return draws
 
     def task_timing(self, client_ids, counters, work, bytes_down: int, bytes_up: int,
-                    draws: np.ndarray | None = None) -> TaskTiming:
+                    draws: np.ndarray | None = None, round_trips: int = 1) -> TaskTiming:
         """Virtual timing of tasks: client ``client_ids[i]`` dispatched with ``counters[i]``
-        processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes.
+        processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes over
+        ``round_trips`` round trips (each two latencies).
         ``draws``: their :meth:`task_draws`, if drawn already (a task's timing is a function of
         its draws, profile, work and message sizes)."""
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
@@ -191,7 +192,7 @@ class SystemModel:
         z, coin, frac = (self.task_draws(ids, counters) if draws is None else draws).T
         c, p = self.cfg.compute, self.profile
         compute_s = work * c.seconds_per_sample / p["speed"][ids] * np.exp(c.noise * z)
-        comm_s = (2.0 * p["latency_s"][ids] + bytes_down * 8 / (p["down_mbps"][ids] * 1e6)
+        comm_s = (2.0 * round_trips * p["latency_s"][ids] + bytes_down * 8 / (p["down_mbps"][ids] * 1e6)
                   + bytes_up * 8 / (p["up_mbps"][ids] * 1e6))
         duration_s = compute_s + comm_s
         failed = coin < self.cfg.dropout
