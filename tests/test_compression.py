@@ -15,7 +15,7 @@ from conftest import small_scenario
 import raysim
 from raysim.cli import main
 from raysim.communication.config import UplinkConfig, upload_bits
-from raysim.pipeline.compression import encode, qsgd, rand_k, scaled_sign, top_k
+from raysim.pipeline.compression import encode, qsgd_levels, rand_k, scaled_sign, top_k
 
 VECTOR = torch.from_numpy(np.random.default_rng(0).standard_normal(200)).float()
 
@@ -28,7 +28,7 @@ def test_the_unbiased_operators_average_to_the_vector(kind, variance):
     uplink = UplinkConfig(kind=kind, levels=4, fraction=0.1)
     draws = 4000
     rng = np.random.default_rng(1)
-    mean = torch.stack([encode(uplink, VECTOR[None], [rng])[0].double() for _ in range(draws)]).mean(0)
+    mean = torch.stack([encode(uplink, VECTOR[None], [rng])[0][0].double() for _ in range(draws)]).mean(0)
     error = float((mean - VECTOR.double()).norm()) ** 2
     bound = variance(VECTOR, VECTOR.numel()) / draws  # E‖mean − v‖² is at most this
     assert error <= 5 * bound, (error, bound)
@@ -44,7 +44,7 @@ def test_top_k_keeps_exactly_the_k_largest_and_sign_its_scale():
     assert torch.allclose(signed.abs(), torch.full_like(signed, float(VECTOR.abs().mean())))
     assert torch.equal(signed.sign(), VECTOR.sign())
     assert rand_k(VECTOR, 20, np.random.default_rng(0)).count_nonzero() == 20
-    assert qsgd(torch.zeros(5), 4, np.random.default_rng(0)).count_nonzero() == 0
+    assert qsgd_levels(torch.zeros(5), 4, np.random.default_rng(0))[1].count_nonzero() == 0
 
 
 @pytest.mark.parametrize("kind, extra, bits", [
@@ -129,6 +129,35 @@ def test_ef21_sends_the_encoded_change_and_catches_up_with_a_steady_update():
     torch.testing.assert_close(out.vector, update, rtol=0, atol=0)
 
 
+def test_elias_codes_have_their_textbook_lengths():
+    from raysim.communication.config import elias_omega_bits, qsgd_elias_bits
+
+    # ω(1) = 0, ω(2) = 10 0, ω(4) = 10 100 0, ω(16) = 10 100 10000 0, ω(100) = 10 110 1100100 0
+    assert elias_omega_bits(np.array([1, 2, 3, 4, 7, 8, 16, 100])).tolist() == [1, 3, 3, 6, 6, 7, 11, 13]
+    # levels (0, 2, 0, 0, −1): the norm, then position 2: ω(2), +, ω(2); gap 3: ω(3), −, ω(1)
+    assert qsgd_elias_bits(np.array([0, 2, 0, 0, -1])) == 32 + (3 + 1 + 3) + (3 + 1 + 1)
+    assert qsgd_elias_bits(np.zeros(7)) == 32
+
+
+def test_elias_coded_uploads_are_timed_with_their_own_size(tmp_path):
+    network = ["system.network.kind=constant", "system.network.down_mbps=10", "system.network.up_mbps=1",
+               "system.network.latency_s=0.5", "system.compute.seconds_per_sample=1e-9"]
+    result = raysim.run(small_scenario(tmp_path, *network, "communication.uplink.kind=qsgd",
+                                       "communication.uplink.levels=2", "communication.uplink.coding=elias",
+                                       "execution.rounds=2", "execution.deadline=1.00412", "system.dropout=0.2"))
+    events = pq.read_table(f"{result.output_dir}/events.parquet").to_pandas()
+    P = result.summary["model"]["parameters"]
+    fixed = math.ceil((32 + P * (1 + 2)) / 8)
+    sent = events[events.status != "failed"]
+    assert sent.bytes_up.nunique() > 5 and (sent.bytes_up < fixed).all()  # each update its own, smaller size
+    assert (events[events.status == "failed"].bytes_up == 0).all()
+    duration = 2 * 0.5 + 4 * P * 8 / 10e6 + sent.bytes_up * 8 / 1e6
+    np.testing.assert_allclose(sent.virtual_end - sent.virtual_start, duration, rtol=0, atol=1e-5)
+    # the deadline keeps exactly the uploads whose own size brings them in by then (about half of them)
+    assert set(sent.status) == {"applied", "late"}
+    assert ((sent.status == "late") == (sent.virtual_end - sent.virtual_start > 1.00412)).all()
+
+
 @pytest.mark.parametrize("overrides, line", [
     (["communication.uplink.kind=zip"], "communication.uplink.kind = 'zip': expected one of bf16, fp16, none, qsgd, "
                                         "randk, sign, topk"),
@@ -139,6 +168,10 @@ def test_ef21_sends_the_encoded_change_and_catches_up_with_a_steady_update():
     (["communication.uplink.error_feedback=ef"], "communication.uplink.error_feedback = 'ef': expected no setting"),
     (["communication.uplink.kind=topk", "communication.uplink.error_feedback=true"],
      "communication.uplink.error_feedback = 'True': expected one of ef, ef21, none"),
+    (["communication.uplink.kind=qsgd", "communication.uplink.coding=elias", "execution.mode=async",
+      "execution.max_updates=10"], "communication.uplink.coding = 'elias': expected fixed in async mode"),
+    (["communication.uplink.kind=topk", "communication.uplink.coding=elias"],
+     "communication.uplink.coding = 'elias': expected no setting"),
     (["communication.uplink.kind=sign", "privacy.mechanism=local", "privacy.noise_multiplier=1"],
      "communication.uplink.kind = 'sign': expected none with privacy.mechanism=local"),
 ])

@@ -66,6 +66,11 @@ MODES = {
                                      "runtime.clients_per_task=3", "system.dropout=0.15",
                                      "communication.secure_aggregation.protocol=secagg_plus",
                                      "communication.secure_aggregation.threshold=10"],
+    # Elias-coded QSGD with error feedback: each round computed whole, then timed by its uploads' sizes
+    "qsgd_elias_ef_deadline": STRAGGLERS + ["execution.rounds=4", "execution.clients_per_round=20",
+                                            "execution.deadline=10", "runtime.clients_per_task=3",
+                                            "communication.uplink.kind=qsgd", "communication.uplink.coding=elias",
+                                            "communication.uplink.error_feedback=ef"],
     "local_dp_fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=6",
                                       "execution.concurrency=12", "execution.max_updates=36",
                                       "privacy.mechanism=local", "privacy.noise_multiplier=0.3"],

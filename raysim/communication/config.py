@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from raysim.schema import Check, key, non_negative, one_of, positive, positive_int, when
 
 OPERATORS = {
@@ -32,6 +34,10 @@ class UplinkConfig:
     kind: str = key("none", "none | fp16 | bf16 | qsgd | topk | randk | sign (raysim list: uplink operators)",
                     check=one_of(*OPERATORS))
     levels: int = key(4, "qsgd: s, the quantization levels of each sign", check=positive_int, when=when(UPLINK, "qsgd"))
+    coding: str = key("fixed", "qsgd: fixed (each level in ⌈log₂(s + 1)⌉ bits) | elias (as Alistarh et al.: Elias "
+                               "recursive codes of the gaps between nonzero levels and of the levels; its size "
+                               "depends on the update; sync mode)", check=one_of("fixed", "elias"),
+                      when=when(UPLINK, "qsgd"))
     fraction: float = key(0.01, "topk, randk: the share of the update's entries sent (k = max(1, round(fraction·P)))",
                           check=Check(lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "a number in (0, 1]"),
                           when=when(UPLINK, "topk", "randk"))
@@ -107,8 +113,34 @@ def download_bits(kind: str, values: int, value_bits: int = 32) -> int:
     return value_bits * values if kind == "none" else 16 * values
 
 
+def elias_omega_bits(n: np.ndarray) -> np.ndarray:
+    """The length in bits of Elias's recursive (omega) code of each positive integer of ``n``: 1 for
+    the final 0, plus the binary of n, of ⌊log₂ n⌋, … down to 2."""
+    n = np.asarray(n, dtype=np.int64)
+    bits = np.ones_like(n)
+    while (n > 1).any():
+        longer = n > 1
+        width = np.floor(np.log2(np.maximum(n, 1))).astype(np.int64) + 1  # binary digits of n
+        bits += np.where(longer, width, 0)
+        n = np.where(longer, width - 1, n)
+    return bits
+
+
+def qsgd_elias_bits(levels: np.ndarray) -> int:
+    """The bits of QSGD's Elias coding (Alistarh et al., 2017, §3.2) of one update whose signed levels
+    are ``levels``: the norm in 32 bits, then for each nonzero level in order the code of its distance
+    from the previous one (the first: its position, from 1), its sign bit and the code of its size."""
+    at = np.flatnonzero(levels)
+    if not len(at):
+        return 32
+    gaps = np.diff(at, prepend=-1)
+    return int(32 + elias_omega_bits(gaps).sum() + len(at) + elias_omega_bits(np.abs(levels[at])).sum())
+
+
 def upload_bits(uplink, values: int, value_bits: int = 32) -> int:
-    """The exact bits of one encoded update of ``values`` entries (``value_bits`` each unencoded)."""
+    """The exact bits of one encoded update of ``values`` entries (``value_bits`` each unencoded); for
+    QSGD with Elias coding, whose size depends on the update, the fixed-width size (an upload that
+    fails is timed with it)."""
     kind = uplink.kind
     if kind == "none":
         return value_bits * values

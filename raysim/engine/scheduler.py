@@ -259,13 +259,16 @@ class Scheduler:
             return np.full(len(updates.client_ids), 1.0 / len(updates.client_ids))
         return updates.samples / updates.samples.sum()
 
-    def timing(self, clients: np.ndarray, counters: np.ndarray, draws: np.ndarray | None = None):
+    def timing(self, clients: np.ndarray, counters: np.ndarray, draws: np.ndarray | None = None,
+               bytes_up: np.ndarray | None = None):
         """Virtual durations of training tasks for ``clients`` dispatched with ``counters``, from the
         work and message sizes the algorithm declares for the current payload (``draws``: the
-        tasks' :meth:`SystemModel.task_draws`, if drawn already)."""
+        tasks' :meth:`SystemModel.task_draws`, if drawn already; ``bytes_up``: each task's upload, if
+        known exactly)."""
         payload = self.payload()
         work = self.algorithm.work(self.train_sizes[clients], self.system.profile["local_steps"][clients], payload)
-        return self.system.task_timing(clients, counters, work, *self.task_bytes(payload), draws,
+        down, up = self.task_bytes(payload)
+        return self.system.task_timing(clients, counters, work, down, up if bytes_up is None else bytes_up, draws,
                                        self.server.pipeline.round_trips)
 
     def task_bytes(self, payload: dict) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """Synchronous rounds under virtual time: sample available clients, draw their durations, let
 the round policy (wait for all, deadline, over-selection) decide which updates count (under
-secure aggregation: none, if fewer survive than its threshold), compute only those, aggregate in
-client-id order, and advance the clock by the round's duration."""
+secure aggregation: none, if fewer survive than its threshold), compute only those (all that do
+not fail, first, when an upload's size depends on the update), aggregate in client-id order, and
+advance the clock by the round's duration."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from raysim.algorithms import ClientUpdates
 from raysim.engine.dispatch import make_tasks, run_tasks
 from raysim.errors import DivergenceError
+from raysim.pipeline.client import ENCODED_BYTES
 
 
 def round_policy(durations: np.ndarray, failed: np.ndarray, fail_at: np.ndarray, client_ids: np.ndarray,
@@ -65,6 +67,9 @@ class SyncRounds:
         counter = p.counter
         timing = s.timing(clients, np.full(len(clients), counter))
         sizes = s.task_bytes(s.payload())  # of the model version the round starts from
+        computed = None
+        if s.server.pipeline.sizes_by_content:
+            computed, sizes, timing = self._sized_round(clients, counter, timing, sizes)
         kept, late, dropped, duration = round_policy(timing.duration_s, timing.failed, timing.fail_at_s,
                                                      clients, k, ex.deadline)
         kept, aborted, duration = self._secure_round(clients, kept, duration)
@@ -72,10 +77,14 @@ class SyncRounds:
         version = p.version
         updates = None
         start = p.clock
-        if kept.any():
+        if kept.any() and computed is not None:
+            updates = ClientUpdates.concat([computed.row(i) for i in np.searchsorted(computed.client_ids,
+                                                                                     clients[kept])])
+        elif kept.any():
             tasks = s.with_states(make_tasks("train", clients[kept], s.train_sizes, counter, s.task_size, version))
             updates = ClientUpdates.concat(run_tasks(s.runtime, handles, tasks, s.train_sizes,
                                                      self._upcoming(start + duration)))
+        if updates is not None:
             diverged = updates.first_nonfinite() if s.judges_each_update else None
             try:
                 if diverged is not None:
@@ -102,6 +111,22 @@ class SyncRounds:
         s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
                     time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),
                     dropped=int(dropped.sum()), aborted=int(aborted.sum()))
+
+    def _sized_round(self, clients: np.ndarray, counter: int, timing, sizes: tuple):
+        """(updates, (bytes down, bytes up per client), timing) of a round whose uploads' sizes
+        depend on the updates (QSGD with Elias coding): every task that does not fail is computed
+        first and timed with its exact upload; a failed one is timed with the fixed-width size,
+        as it was drawn. The updates the round does not keep are never used (nor their states)."""
+        s = self.s
+        ok = ~timing.failed
+        up = np.full(len(clients), sizes[1], dtype=np.int64)
+        if not ok.any():
+            return None, sizes, timing
+        tasks = s.with_states(make_tasks("train", clients[ok], s.train_sizes, counter, s.task_size,
+                                       s.progress.version))
+        computed = ClientUpdates.concat(run_tasks(s.runtime, s.payload_handle(), tasks, s.train_sizes, []))
+        up[ok] = computed.diagnostics.pop(ENCODED_BYTES).numpy()
+        return computed, (sizes[0], up), s.timing(clients, np.full(len(clients), counter), bytes_up=up)
 
     def _secure_round(self, clients: np.ndarray, kept: np.ndarray, duration: float):
         """(kept, aborted masks, round duration) under secure aggregation: with fewer survivors than

@@ -16,22 +16,22 @@ import numpy as np
 import torch
 
 from raysim.algorithms import ClientContext, ClientUpdates
-from raysim.communication.config import kept, upload_bits
-from raysim.pipeline.client import ClientStage
+from raysim.communication.config import kept, qsgd_elias_bits, upload_bits
+from raysim.pipeline.client import ENCODED_BYTES, ClientStage
 
 KEPT = {"ef": "ef_residual", "ef21": "ef21_estimate"}
 
 
-def qsgd(vector: torch.Tensor, levels: int, rng: np.random.Generator) -> torch.Tensor:
-    """QSGD of one vector: ‖v‖·sign(v)·ξ/s, ξ = ⌊s|v|/‖v‖⌋ or one level more with probability the
-    remainder (so E[ξ] = s|v|/‖v‖: unbiased); ‖v‖ as float32 sends it."""
+def qsgd_levels(vector: torch.Tensor, levels: int, rng: np.random.Generator) -> tuple[float, torch.Tensor]:
+    """What QSGD sends of one vector: ‖v‖ (as float32 holds it) and the signed levels sign(v)·ξ,
+    ξ = ⌊s|v|/‖v‖⌋ or one level more with probability the remainder (so E[ξ] = s|v|/‖v‖)."""
     norm = float(np.float32(vector.double().norm()))
     if norm == 0:
-        return torch.zeros_like(vector)
+        return norm, torch.zeros_like(vector, dtype=torch.float64)
     scaled = levels * vector.double().abs() / norm
     low = scaled.floor()
     up = torch.from_numpy(rng.random(vector.numel())).reshape(vector.shape) < scaled - low
-    return (norm * vector.double().sign() * (low + up) / levels).to(vector.dtype)
+    return norm, vector.double().sign() * (low + up)
 
 
 def top_k(vector: torch.Tensor, k: int) -> torch.Tensor:
@@ -59,9 +59,20 @@ def scaled_sign(vector: torch.Tensor) -> torch.Tensor:
     return (scale * vector.double().sign()).to(vector.dtype)
 
 
-def encode(uplink, vectors: torch.Tensor, rngs: list) -> torch.Tensor:
-    """What the server decodes from ``uplink``'s encoding of each row of ``vectors`` [C, P] (one
-    update a client, ``rngs`` its stream)."""
+def encode(uplink, vectors: torch.Tensor, rngs: list) -> tuple[torch.Tensor, np.ndarray | None]:
+    """(what the server decodes from ``uplink``'s encoding of each row of ``vectors`` [C, P] (one
+    update a client, ``rngs`` its stream), each row's bytes if its size depends on the row: QSGD
+    with Elias coding; else None, the size being :func:`upload_bits`)."""
+    if uplink.kind == "qsgd":
+        sent = [qsgd_levels(row, uplink.levels, rng) for row, rng in zip(vectors, rngs)]
+        decoded = torch.stack([(norm * signed / uplink.levels).to(vectors.dtype) for norm, signed in sent])
+        if uplink.coding != "elias":
+            return decoded, None
+        return decoded, np.array([math.ceil(qsgd_elias_bits(signed.numpy()) / 8) for _, signed in sent])
+    return _encode_fixed(uplink, vectors, rngs), None
+
+
+def _encode_fixed(uplink, vectors: torch.Tensor, rngs: list) -> torch.Tensor:
     kind, values = uplink.kind, vectors.shape[-1]
     if kind in ("fp16", "bf16"):
         return vectors.to(torch.float16 if kind == "fp16" else torch.bfloat16).to(vectors.dtype)
@@ -69,8 +80,6 @@ def encode(uplink, vectors: torch.Tensor, rngs: list) -> torch.Tensor:
         return top_k(vectors, kept(uplink, values))
     if kind == "sign":
         return scaled_sign(vectors)
-    if kind == "qsgd":
-        return torch.stack([qsgd(row, uplink.levels, rng) for row, rng in zip(vectors, rngs)])
     return torch.stack([rand_k(row, kept(uplink, values), rng) for row, rng in zip(vectors, rngs)])
 
 
@@ -90,20 +99,27 @@ class UplinkCompression(ClientStage):
 
     def __init__(self, uplink):
         self.uplink = uplink
+        self.sizes_by_content = uplink.kind == "qsgd" and uplink.coding == "elias"
         self.kept = KEPT.get(uplink.error_feedback)
         self.keeps = (self.kept,) if self.kept else ()
 
     def update(self, updates: ClientUpdates, ctx: ClientContext, payloads: list) -> ClientUpdates:
-        vector, feedback = updates.vector, self.uplink.error_feedback
+        vector, feedback, states = updates.vector, self.uplink.error_feedback, updates.states
+        held = ctx.kept(self.kept, torch.zeros_like(vector)).to(vector.dtype) if self.kept else None
         if feedback == "none":
-            return replace(updates, vector=encode(self.uplink, vector, ctx.rngs))
-        held = ctx.kept(self.kept, torch.zeros_like(vector)).to(vector.dtype)
-        if feedback == "ef":
+            decoded, sizes = encode(self.uplink, vector, ctx.rngs)
+        elif feedback == "ef":
             vector = vector + held
-            sent = encode(self.uplink, vector, ctx.rngs)
-            return replace(updates, vector=sent, states={**updates.states, self.kept: vector - sent})
-        decoded = held + encode(self.uplink, vector - held, ctx.rngs)  # ef21
-        return replace(updates, vector=decoded, states={**updates.states, self.kept: decoded})
+            decoded, sizes = encode(self.uplink, vector, ctx.rngs)
+            states = {**states, self.kept: vector - decoded}
+        else:  # ef21
+            change, sizes = encode(self.uplink, vector - held, ctx.rngs)
+            decoded = held + change
+            states = {**states, self.kept: decoded}
+        diagnostics = updates.diagnostics
+        if sizes is not None:
+            diagnostics = {**diagnostics, ENCODED_BYTES: torch.from_numpy(sizes).double()}
+        return replace(updates, vector=decoded, states=states, diagnostics=diagnostics)
 
     def upload_bytes(self, nbytes: int, values: int) -> int:
         return math.ceil(upload_bits(self.uplink, values, 8 * nbytes // max(values, 1)) / 8)

@@ -85,6 +85,11 @@ class ServerPipeline:
         """Whether a client stage keeps per-client state between visits (error feedback)."""
         return any(stage.keeps for stage in self.client_stages)
 
+    @property
+    def sizes_by_content(self) -> bool:
+        """Whether an upload's size depends on the update (QSGD with Elias coding)."""
+        return any(stage.sizes_by_content for stage in self.client_stages)
+
     def upload_bytes(self, values: int, value_bytes: int) -> int:
         """The bytes a client uploads for an update of ``values`` numbers of ``value_bytes`` each, as
         the stages declare them."""

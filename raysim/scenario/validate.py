@@ -382,3 +382,8 @@ def _check_uplink(cfg: DictConfig) -> None:
             f"({cfg.algorithm.name} also uploads {', '.join(uploads)}, which the encoding would not cover)")
     require(cfg.privacy.mechanism != "local", "communication.uplink.kind", kind,
             "none with privacy.mechanism=local (each client's dense noise comes after the encoding and undoes it)")
+    if kind == "qsgd":
+        coding = cfg.communication.uplink.coding
+        require(coding == "fixed" or cfg.execution.mode == "sync", "communication.uplink.coding", coding,
+                "fixed in async mode (an Elias-coded upload's size, so its arrival, is known only once the update "
+                "is computed; asynchronous dispatch times a task before computing it)")

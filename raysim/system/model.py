@@ -180,11 +180,11 @@ class SystemModel:
             draws[i] = rng.standard_normal(), rng.random(), rng.integers(1, 2 ** 53) / 2 ** 53
         return draws
 
-    def task_timing(self, client_ids, counters, work, bytes_down: int, bytes_up: int,
+    def task_timing(self, client_ids, counters, work, bytes_down: int, bytes_up,
                     draws: np.ndarray | None = None, round_trips: int = 1) -> TaskTiming:
         """Virtual timing of tasks: client ``client_ids[i]`` dispatched with ``counters[i]``
-        processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes over
-        ``round_trips`` round trips (each two latencies).
+        processing ``work[i]`` samples, receiving ``bytes_down`` and sending ``bytes_up`` bytes (one
+        number, or one a task) over ``round_trips`` round trips (each two latencies).
         ``draws``: their :meth:`task_draws`, if drawn already (a task's timing is a function of
         its draws, profile, work and message sizes)."""
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)

@@ -24,10 +24,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 METHODS = ["none", "fp16", "bf16", "qsgd_s2", "qsgd_s4", "qsgd_s16", "topk_10", "topk_10_ef", "topk_1",
-           "topk_1_ef", "sign", "sign_ef"]
+           "topk_1_ef", "topk_1_ef21", "sign", "sign_ef", "secagg"]
 LABELS = {"none": "none (float32)", "fp16": "fp16", "bf16": "bf16", "qsgd_s2": "QSGD s = 2",
           "qsgd_s4": "QSGD s = 4", "qsgd_s16": "QSGD s = 16", "topk_10": "top-k 10%", "topk_10_ef": "top-k 10% + EF",
-          "topk_1": "top-k 1%", "topk_1_ef": "top-k 1% + EF", "sign": "scaled sign", "sign_ef": "scaled sign + EF"}
+          "topk_1": "top-k 1%", "topk_1_ef": "top-k 1% + EF", "sign": "scaled sign", "sign_ef": "scaled sign + EF",
+          "topk_1_ef21": "top-k 1% + EF21", "secagg": "secure aggregation (32-bit field)"}
 TARGETS = (0.90, 0.97)  # of the same seed's uncompressed final accuracy; fixed before the sweep ran
 
 
@@ -140,13 +141,15 @@ def main(argv=None) -> int:
 
         colors = {"none": "black", "fp16": "tab:gray", "bf16": "tab:brown", "qsgd_s2": "tab:purple",
                   "qsgd_s4": "tab:pink", "qsgd_s16": "tab:olive", "topk_10": "tab:blue", "topk_10_ef": "tab:blue",
-                  "topk_1": "tab:red", "topk_1_ef": "tab:red", "sign": "tab:green", "sign_ef": "tab:green"}
+                  "topk_1": "tab:red", "topk_1_ef": "tab:red", "topk_1_ef21": "tab:red", "sign": "tab:green",
+                  "sign_ef": "tab:green", "secagg": "tab:orange"}
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
         for m in methods:
             runs = list(found[m].values())
             n = min(len(r["accuracy"]) for r in runs)
             acc = np.mean([r["accuracy"][:n] for r in runs], axis=0)
-            style = dict(color=colors.get(m), linestyle="--" if m.endswith("_ef") else ":" if m == "bf16" else "-",
+            style = dict(color=colors.get(m), linestyle="--" if m.endswith("_ef") else ":" if m in ("bf16", "topk_1_ef21")
+                         else "-",
                          linewidth=1.3,
                          label=LABELS.get(m, m))
             axes[0].plot(runs[0]["round"][:n], acc, **style)
@@ -159,8 +162,8 @@ def main(argv=None) -> int:
             ax.grid(alpha=0.3)
             ax.set_ylim(40, 100)
         axes[0].legend(fontsize=8, ncol=2, loc="lower right")
-        fig.suptitle("FedAvg on digits (20 clients, all in every round, MLP P = 50,826), uplink compression; "
-                     "dashed: error feedback")
+        fig.suptitle("FedAvg on digits (20 clients, all in every round, MLP P = 50,826), uplink compression "
+                     "and secure aggregation; dashed: error feedback, dotted red: EF21")
         fig.tight_layout()
         fig.savefig(args.figure, dpi=110)
     return 0 if all(not math.isnan(r["final"]) for runs in found.values() for r in runs.values()) else 1
