@@ -244,6 +244,7 @@ def cmd_list(args) -> int:
 
     from raysim.catalog import ALGORITHMS, MODELS, algorithm_class, algorithm_doc, algorithm_keys
     from raysim.scenario import Scenario
+    from raysim.scenario.schema import SELECTORS
     from raysim.data import DATASETS
     from raysim.data.partition import PARTITIONERS
     from raysim.algorithms.aggregator_catalog import AGGREGATOR_DOCS
@@ -291,6 +292,7 @@ def cmd_list(args) -> int:
                "privacy accountants (privacy.accountant)": ACCOUNTANTS,
                "uplink operators (communication.uplink.kind)": OPERATORS,
                "downlink operators (communication.downlink.kind)": DOWNLINK,
+               "selectors (execution.selection.kind)": SELECTORS,
                "secure aggregation protocols (communication.secure_aggregation.protocol)": PROTOCOLS,
                "scenario keys": keys(scenario)}
     print(yaml.safe_dump(listing, sort_keys=False, allow_unicode=True, width=110), end="")

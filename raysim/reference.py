@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from raysim.algorithms.aggregator_catalog import AGGREGATOR_DOCS
 from raysim.catalog import ALGORITHMS, MODELS, algorithm_doc
 from raysim.scenario import Scenario
+from raysim.scenario.schema import SELECTORS
 from raysim.data import DATASETS
 from raysim.data.partition import PARTITIONERS
 from raysim.schema import Rule, When, path_schema
@@ -195,7 +196,8 @@ def markdown() -> str:
     named = [("data.kind", DATASETS), ("data.partition.kind", PARTITIONERS), ("model.kind", models),
              ("algorithm.aggregator", AGGREGATOR_DOCS), ("privacy.mechanism", MECHANISMS),
              ("privacy.accountant", ACCOUNTANTS), ("communication.uplink.kind", OPERATORS),
-             ("communication.downlink.kind", DOWNLINK), ("communication.secure_aggregation.protocol", PROTOCOLS)]
+             ("communication.downlink.kind", DOWNLINK),
+             ("execution.selection.kind", SELECTORS), ("communication.secure_aggregation.protocol", PROTOCOLS)]
     sections = dict.fromkeys(name.split(".")[0] for name in DISTRIBUTIONS)  # in the order they are declared
     named += [(_system_keys(s), {n.split(".", 1)[1]: d for n, d in DISTRIBUTIONS.items() if n.split(".")[0] == s})
               for s in sections]

@@ -54,6 +54,7 @@ class Purpose(IntEnum):
     DP_NOISE = 24  # (server step,): central DP's Gaussian noise on that step's sum
     POISSON_ROUND = 25  # (counter,): the size of a Poisson-sampled round (execution.sampling: poisson)
     DP_TREE_NODE = 26  # (tree, level, index): DP-FTRL's Gaussian noise of one node of an aggregation tree
+    SELECTION = 27  # (counter,): a selection policy's draws for the round sampled at that counter
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

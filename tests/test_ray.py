@@ -71,6 +71,9 @@ MODES = {
                                             "execution.deadline=10", "runtime.clients_per_task=3",
                                             "communication.uplink.kind=qsgd", "communication.uplink.coding=elias",
                                             "communication.uplink.error_feedback=ef"],
+    # Oort: what it learns of each client (losses, durations) steers the next rounds
+    "oort_deadline": STRAGGLERS + ["execution.rounds=5", "execution.clients_per_round=10", "execution.deadline=10",
+                                   "runtime.clients_per_task=3", "execution.selection.kind=oort"],
     "local_dp_fedbuff": STRAGGLERS + ["execution.mode=async", "execution.aggregation=fedbuff", "execution.buffer_size=6",
                                       "execution.concurrency=12", "execution.max_updates=36",
                                       "privacy.mechanism=local", "privacy.noise_multiplier=0.3"],

@@ -10,7 +10,8 @@ What it holds: the server state (parameters, server optimizer, the algorithm's o
 diagnostics), each client's kept state (stateful algorithms), the virtual clock, the server
 version, the dispatch counter, the applied updates, the latest evaluation, whether the run is done,
 the states of the server pipeline's stages (:mod:`raysim.pipeline`: each client's momentum, the
-honest updates an omniscient Byzantine attack under FedAsync still sees), and the execution loop's
+honest updates an omniscient Byzantine attack under FedAsync still sees), the client-selection
+policy's state (what it knows of each client it has seen), and the execution loop's
 own state (:meth:`SyncRounds.snapshot`, :meth:`AsyncUpdates.snapshot`): nothing for synchronous
 rounds; for asynchronous runs the tasks in flight, the FedBuff buffer not yet applied, the busy
 clients and the payloads of the model versions those tasks start from. A task in flight is kept as
@@ -54,6 +55,7 @@ class RunState:
     pipeline: dict = field(default_factory=dict)  # server stage name -> its state (raysim.pipeline)
     bytes_down: int = 0  # bytes the clients received so far
     bytes_up: int = 0  # bytes the clients sent so far
+    selection: dict = field(default_factory=dict)  # the client-selection policy's state (raysim.engine.selection)
 
     def content(self) -> dict:
         """The state as plain content (what :meth:`save` writes)."""

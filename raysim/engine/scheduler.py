@@ -25,6 +25,7 @@ from raysim.engine.progress import Progress
 from raysim.engine.rounds import round_row
 from raysim.engine.run_evaluation import Evaluation
 from raysim.engine.run_state import RunState
+from raysim.engine.selection import Selection
 from raysim.engine.server import Server
 from raysim.engine.sync import SyncRounds
 from raysim.errors import NoClientAvailable, RunError
@@ -69,6 +70,8 @@ class Scheduler:
         self.accountant = None if cfg.privacy.mechanism == "none" else Accountant(
             cfg, self.dataset.num_clients, cfg.privacy.noise_multiplier)
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
+        self.selection = Selection(cfg, self.train_sizes, self._target_weights())
+        self.selection_state = self.selection.init()
         self.progress = Progress()
         self.evaluation = Evaluation(self, problem, initial)
         self.began = time.perf_counter()
@@ -177,7 +180,7 @@ class Scheduler:
         return RunState(server=self.state, client_state=dict(self.client_state), clock=float(p.clock),
                         version=p.version, counter=p.counter, applied=p.applied, last_eval=dict(self.evaluation.last),
                         done=p.done, loop=self.loop.snapshot(), pipeline=dict(self.server.stage_states),
-                        bytes_down=p.bytes_down, bytes_up=p.bytes_up)
+                        bytes_down=p.bytes_down, bytes_up=p.bytes_up, selection=dict(self.selection_state))
 
     def restore(self, state: RunState, wall_seconds: float = 0.0) -> None:
         """Continue from ``state``, taken by :meth:`run_state` of a scheduler of the same scenario
@@ -186,6 +189,7 @@ class Scheduler:
         self.began = time.perf_counter() - wall_seconds
         self.server.restore(state.server, state.pipeline)
         self.client_state = dict(state.client_state)
+        self.selection_state = dict(state.selection)
         self.progress = Progress(state.version, state.clock, state.counter, state.applied, state.done,
                                  state.bytes_down, state.bytes_up)
         self.evaluation.last = dict(state.last_eval)
@@ -233,6 +237,36 @@ class Scheduler:
         raise NoClientAvailable(f"at virtual time {self.clock:g}: no client available after 1000 tries "
                                 "(check system.availability)")
 
+    def select(self, k: int) -> np.ndarray:
+        """The ``k`` clients a synchronous round samples (sorted by id), as ``execution.selection``
+        chooses them; one dispatch counter a round, whatever the policy."""
+        if self.selection.kind == "uniform":
+            return self.sample(k)
+        counter = self.progress.counter
+        clients, self.selection_state = self.selection.choose(self.selection_state, self.sample, self._available,
+                                                              k, counter)
+        if self.progress.counter == counter:  # the policy did not sample: the round still takes its counter
+            self.progress.draw()
+        return clients
+
+    def observe_round(self, reported: np.ndarray, losses: np.ndarray, durations: np.ndarray, late: np.ndarray,
+                      late_durations: np.ndarray) -> None:
+        """Tell the selection policy what a round showed (:meth:`Selection.observe`)."""
+        self.selection_state = self.selection.observe(self.selection_state, reported, losses, durations, late,
+                                                      late_durations)
+
+    def _available(self) -> np.ndarray:
+        """The ids of every client available now."""
+        ids = np.arange(self.dataset.num_clients)
+        return ids[self.system.available(ids, self.clock, self.progress.counter)]
+
+    def _target_weights(self) -> np.ndarray:
+        """[N] p_k, each client's share of the aggregate the algorithm aims at: its data share, or 1/N."""
+        n = len(self.train_sizes)
+        if self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted:
+            return np.full(n, 1.0 / n)
+        return self.train_sizes / self.train_sizes.sum()
+
     def with_states(self, tasks: list) -> list:
         """Tasks carrying each client's kept state (stateful algorithms, and client stages that keep
         state: error feedback)."""
@@ -254,7 +288,11 @@ class Scheduler:
 
     def aggregation_weights(self, updates) -> np.ndarray:
         """Weights p_k of the updates (summing to 1): by samples, or uniform (``system.unreliable.weights``,
-        or an algorithm that averages without weights)."""
+        or an algorithm that averages without weights); under importance sampling p_k / π_k (see
+        :mod:`.selection`), which sum to 1 only in expectation."""
+        chosen = self.selection.weights(updates.client_ids, self.cfg.execution.clients_per_round)
+        if chosen is not None:
+            return chosen
         if self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted:
             return np.full(len(updates.client_ids), 1.0 / len(updates.client_ids))
         return updates.samples / updates.samples.sum()

@@ -62,8 +62,9 @@ class SyncRounds:
     def step(self) -> None:
         s, p, ex = self.s, self.s.progress, self.s.cfg.execution
         began = time.perf_counter()
-        clients = s.sample(s.round_size(p.counter))
-        k = len(clients) if ex.sampling == "poisson" else ex.clients_per_round  # Poisson: every client drawn counts
+        clients = s.select(s.round_size(p.counter))
+        # Poisson sampling and importance sampling: every client drawn counts
+        k = len(clients) if ex.sampling == "poisson" or ex.selection.kind == "importance" else ex.clients_per_round
         counter = p.counter
         timing = s.timing(clients, np.full(len(clients), counter))
         sizes = s.task_bytes(s.payload())  # of the model version the round starts from
@@ -100,6 +101,9 @@ class SyncRounds:
                                  "diverged")
                 raise
             p.apply(len(updates.client_ids))
+        reported = np.searchsorted(clients, updates.client_ids) if updates is not None else np.empty(0, dtype=np.int64)
+        s.observe_round(clients[reported], updates.train_loss if updates is not None else np.empty(0),
+                        timing.duration_s[reported], clients[late], timing.duration_s[late])
         p.pass_time(duration)
         p.step()
         self._log_events(clients, kept, late, dropped, aborted, timing, sizes, updates, start, version, "applied")

@@ -141,6 +141,50 @@ class StalenessConfig:
     b: float = key(4.0, "hinge: the staleness b up to which s(τ) = 1", when=when("kind", "hinge"))
 
 
+SELECTORS = {
+    "uniform": "a uniform subset of the clients available",
+    "power_of_choice": "rpow-d (Cho, Wang, Joshi, 2020): d clients drawn as uniform does, the k with the highest "
+                       "loss they last reported kept (never seen: first)",
+    "oort": "Oort (Lai, Zhu, Madhyastha, Chowdhury, 2021): statistical utility × system utility with exploration, "
+            "a staleness bonus and the pacer, from reported losses and observed durations",
+    "importance": "each client independently with probability π = min(1, clients_per_round · its data share), "
+                  "aggregated with weights p/π (unbiased)",
+}
+OORT = when("execution.selection.kind", "oort")
+_share = Check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, "a number in [0, 1]")
+_fraction = Check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+                  "a number in (0, 1]")
+
+
+@dataclass
+class SelectionConfig:
+    """Which clients a synchronous round samples (execution.selection); Oort's defaults are FedScale's."""
+
+    kind: str = key("uniform", "uniform | power_of_choice | oort | importance (raysim list: selectors)",
+                    check=one_of(*SELECTORS))
+    candidates: Optional[int] = key(None, "power_of_choice: d, the clients drawn before the round's k are kept "
+                                          "(null: 2k)", check=positive_int,
+                                    when=when("execution.selection.kind", "power_of_choice"))
+    exploration: float = key(0.9, "oort: ε, the share of a round first given to clients never selected", check=_share,
+                             when=OORT)
+    exploration_decay: float = key(0.98, "oort: ε ← max(ε · decay, exploration_min) each round", check=_fraction,
+                                   when=OORT)
+    exploration_min: float = key(0.3, "oort: the smallest ε", check=_share, when=OORT)
+    round_penalty: float = key(2.0, "oort: α, a client slower than the preferred duration T has its utility times "
+                                    "(T / duration)^α", check=non_negative, when=OORT)
+    round_threshold: float = key(30.0, "oort: T starts as this percentile of the observed durations; the pacer "
+                                       "raises it", check=Check(lambda v: isinstance(v, (int, float)) and 0 < v <= 100,
+                                                                "a percentile in (0, 100]"), when=OORT)
+    pacer_step: int = key(20, "oort: W, the rounds of each window the pacer compares", check=positive_int, when=OORT)
+    pacer_delta: float = key(5.0, "oort: the percentile points the pacer moves T's percentile by", check=positive,
+                             when=OORT)
+    cut_off: float = key(0.05, "oort: clients scoring at least this share of the k-th best score are drawn from (at "
+                               "least 10k of them)",
+                         check=_fraction, when=OORT)
+    clip_bound: float = key(0.9, "oort: statistical utilities are clipped at this quantile", check=_fraction,
+                            when=OORT)
+
+
 @dataclass
 class ExecutionConfig:
     """How the server drives training (synchronous rounds or asynchronous updates)."""
@@ -154,6 +198,7 @@ class ExecutionConfig:
                                    "of those available) | poisson (each client independently with probability "
                                    "clients_per_round / N, so clients_per_round is the mean round size)",
                         check=one_of("uniform", "poisson"), when=SYNC)
+    selection: SelectionConfig = key(doc="sync: which clients a round samples", factory=SelectionConfig, when=SYNC)
     concurrency: int = key(10, "async: tasks in flight", check=positive_int, when=ASYNC)
     aggregation: str = key("fedasync", "async: fedasync | fedbuff", when=ASYNC)
     buffer_size: int = key(10, "async fedbuff: updates per server step", check=positive_int,

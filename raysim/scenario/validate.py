@@ -5,6 +5,7 @@ scenario is loaded, before Ray starts); what needs the built data set or model, 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -23,7 +24,7 @@ from raysim.data.sizes import data_shape
 from raysim.errors import SHOWN_VALUE, ScenarioError, shortened
 from raysim.importing import import_object
 from raysim.scenario.schema import (SPLIT_KINDS, DataConfig, EvalConfig, ExecutionConfig, ModelConfig, OutputConfig,
-                                    PartitionConfig, RuntimeConfig, Scenario)
+                                    PartitionConfig, RuntimeConfig, Scenario, SelectionConfig)
 from raysim.schema import (INT64_MAX, check_numbers, check_values, field_of, inapplicable, non_negative, positive,
                            require, require_one_of)
 from raysim.privacy.accounting import accountant_kind, participation_law
@@ -193,6 +194,7 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     check_values(cfg, PrivacyConfig, "privacy")
     check_values(cfg, AdaptiveClipConfig, "privacy.adaptive_clip")
     _check_sampling(cfg)
+    _check_selection(cfg)
     _check_privacy(cfg)
     check_values(cfg, UplinkConfig, "communication.uplink")
     _check_uplink(cfg)
@@ -303,6 +305,37 @@ def _check_sampling(cfg: DictConfig) -> None:
     require(kind == "always", "system.availability.kind", kind,
             "always with execution.sampling=poisson (each client's probability of taking part is "
             "clients_per_round / N only if every client can be drawn)")
+
+
+def _check_selection(cfg: DictConfig) -> None:
+    """A selection policy chooses among uniform-sampling rounds: d ≥ the round's clients (and at most
+    N); importance sampling's inclusion chances need every client available and no over-selection."""
+    e = cfg.execution
+    if e.mode != "sync":
+        return
+    check_values(cfg, SelectionConfig, "execution.selection")
+    s = e.selection
+    if s.kind == "uniform":
+        return
+    require(e.sampling == "uniform", "execution.sampling", e.sampling,
+            f"uniform with execution.selection.kind={s.kind} (the policy chooses the round's clients)")
+    round_size = math.ceil(e.over_selection * e.clients_per_round)
+    if s.kind == "power_of_choice" and s.candidates is not None:
+        require(s.candidates >= round_size, "execution.selection.candidates", s.candidates,
+                f"at least the clients a round samples, {round_size} (d < k leaves too few to keep)")
+        if cfg.data.kind not in CLIENTS_FROM_FILES:
+            require(s.candidates <= cfg.data.num_clients, "execution.selection.candidates", s.candidates,
+                    f"at most data.num_clients = {cfg.data.num_clients}")
+    if s.kind == "oort":
+        require(s.exploration_min <= s.exploration, "execution.selection.exploration_min", s.exploration_min,
+                f"at most execution.selection.exploration = {s.exploration}")
+    if s.kind == "importance":
+        require(e.over_selection == 1, "execution.over_selection", e.over_selection,
+                "1 with execution.selection.kind=importance (each client drawn counts)")
+        kind = cfg.system.availability.kind
+        require(kind == "always", "system.availability.kind", kind,
+                "always with execution.selection.kind=importance (a client's chance of taking part is "
+                "min(1, clients_per_round · its share) only if it can always be drawn)")
 
 
 def _check_privacy(cfg: DictConfig) -> None:
