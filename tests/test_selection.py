@@ -115,6 +115,11 @@ def test_a_policy_learns_only_from_what_the_server_saw_and_runs_to_the_end(tmp_p
     result = raysim.run(small_scenario(tmp_path, f"{SEL}.kind={kind}", "execution.rounds=6", *extra))
     events = _events(result)
     assert result.summary["status"] == "completed" and (events.groupby("round").size() > 0).all()
+    described = result.summary["selection"]
+    assert described["kind"] == kind
+    if kind != "importance":  # what it learned: every client that uploaded (or, for Oort, was late)
+        reported = events[events.status.isin(["applied", "late"] if kind == "oort" else ["applied"])]
+        assert described["clients_seen"] == reported.client_id.nunique()
     if kind == "importance":  # a Poisson-like round: its size varies around clients_per_round
         assert events.groupby("round").size().nunique() > 1
 

@@ -339,7 +339,7 @@ class RunLoop:
             "wall_seconds_before_resume": None if self.resumed_from is None else self.resumed_from.wall_seconds,
             "steady_updates_per_second": self.tally.steady_rate(),
             "checkpoints": dict(self.tally.checkpoints), "scheduler_restarts": self.restarts,
-            "system": final.get("system"), "privacy": final.get("privacy"),
+            "system": final.get("system"), "selection": final.get("selection"), "privacy": final.get("privacy"),
             "actors": self.runtime.describe() if final else [],
             "split": describe_split(model.module, model.personal),
             "model": {"kind": cfg.model.kind, "parameters": model.size,

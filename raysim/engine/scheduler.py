@@ -142,7 +142,8 @@ class Scheduler:
         return {"params": params.clone(), "model_sha256": sha256(params), "virtual_time": self.clock,
                 "server_steps": self.version, "client_updates": self.progress.applied,
                 "bytes_down": self.progress.bytes_down, "bytes_up": self.progress.bytes_up,
-                "system": self.system.describe(), **self.privacy_spent()}
+                "system": self.system.describe(), "selection": self.selection.describe(self.selection_state),
+                **self.privacy_spent()}
 
     def _ledger(self) -> tuple:
         """(the privacy ledger stage, its state)."""

@@ -120,6 +120,16 @@ class Selection:
         return {**state, "clients": per_client.updated(state["clients"], moved, self.levels),
                 "exploit_utility": [*state["exploit_utility"], float(np.mean(utility)) if utility else 0.0]}
 
+    def describe(self, state: dict) -> dict:
+        """The summary's ``selection``: the policy, the clients it has met, and Oort's exploration
+        share and the percentile of the observed durations that its preferred duration now is."""
+        out = {"kind": self.kind}
+        if "clients" in state:
+            out["clients_seen"] = sum(1 for _ in per_client.items(state["clients"], self.levels))
+        if self.kind == "oort":
+            out.update(epsilon=state["epsilon"], duration_percentile=state["threshold"], rounds=state["round"])
+        return out
+
     def _oort(self, state: dict, sample, available, k: int, rng) -> tuple[np.ndarray, dict]:
         cfg, state = self.cfg, {**state, "round": state["round"] + 1}
         if state["round"] == 1:  # nothing known yet: uniform
