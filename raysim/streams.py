@@ -55,6 +55,7 @@ class Purpose(IntEnum):
     POISSON_ROUND = 25  # (counter,): the size of a Poisson-sampled round (execution.sampling: poisson)
     DP_TREE_NODE = 26  # (tree, level, index): DP-FTRL's Gaussian noise of one node of an aggregation tree
     SELECTION = 27  # (counter,): a selection policy's draws for the round sampled at that counter
+    NEW_CLIENTS = 28  # (): the clients held out of training for new-client evaluation (eval.new_clients)
 
 
 def seed_sequence(seed: int, purpose: Purpose, *ids: int) -> np.random.SeedSequence:

@@ -24,7 +24,7 @@ from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
 from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import cut_short, deferred_signals
-from raysim.engine.run_evaluation import evaluates_on_hosts
+from raysim.engine.run_evaluation import evaluates_on_hosts, new_clients
 from raysim.output import ParquetLog
 from raysim.output.directory import DIAGNOSTICS, EVENTS_SCHEMA, PRIVACY_LEDGER, ROUNDS_SCHEMA, SERVER_DIAGNOSTIC
 
@@ -328,6 +328,11 @@ class RunLoop:
             "final_personalized_accuracy": _null(last.get("personalized_accuracy")),
             "final_personalized_accuracy_mean": _null(last.get("personalized_accuracy_mean")),
             "final_personalized_accuracy_ci95": _null(last.get("personalized_accuracy_ci95")),
+            "final_personalized_accuracy_p10": _null(last.get("personalized_accuracy_p10")),
+            "final_personalized_accuracy_std": _null(last.get("personalized_accuracy_std")),
+            "final_new_client_accuracy": _null(last.get("new_client_accuracy")),
+            "final_new_client_personalized_accuracy": _null(last.get("new_client_personalized_accuracy")),
+            "new_clients": new_clients(cfg, self.prepared.dataset.num_clients).tolist(),
             "final_diagnostics": {k: float(v) for k, v in self.tally.diagnostics.items()},
             "evaluated_clients": min(cfg.eval.clients or math.inf, self.prepared.dataset.num_clients),
             "evaluated_on": None if cfg.data.kind == "quadratic" else "actors" if evaluates_on_hosts(cfg) else "driver",

@@ -74,6 +74,11 @@ class Scheduler:
         self.selection_state = self.selection.init()
         self.progress = Progress()
         self.evaluation = Evaluation(self, problem, initial)
+        held_out = self.evaluation.new
+        self.held_out = None  # a mask over all clients of those held out of training (eval.new_clients)
+        if len(held_out):
+            self.held_out = np.zeros(self.dataset.num_clients, dtype=bool)
+            self.held_out[held_out] = True
         self.began = time.perf_counter()
         self.stop_version = None  # the server version the current advance must not pass (None: any)
         self._rounds: list = []
@@ -225,7 +230,7 @@ class Scheduler:
             self.progress.draw()
             return np.empty(0, dtype=np.int64)
         for _ in range(1000):
-            clients = self.system.sample_available(self.clock, self.progress.counter, k, exclude, excluded_count)
+            clients = self.sample_at(self.clock, self.progress.counter, k, exclude, excluded_count)
             self.progress.draw()
             if len(clients):
                 return clients
@@ -257,9 +262,10 @@ class Scheduler:
                                                       late_durations)
 
     def _available(self) -> np.ndarray:
-        """The ids of every client available now."""
+        """The ids of every client available now (and not held out of training)."""
         ids = np.arange(self.dataset.num_clients)
-        return ids[self.system.available(ids, self.clock, self.progress.counter)]
+        ok = self.system.available(ids, self.clock, self.progress.counter)
+        return ids[ok if self.held_out is None else ok & ~self.held_out]
 
     def _target_weights(self) -> np.ndarray:
         """[N] p_k, each client's share of the aggregate the algorithm aims at: its data share, or 1/N."""
@@ -267,6 +273,13 @@ class Scheduler:
         if self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted:
             return np.full(n, 1.0 / n)
         return self.train_sizes / self.train_sizes.sum()
+
+    def sample_at(self, t: float, counter: int, k: int, exclude=None, excluded_count: int | None = None) -> np.ndarray:
+        """The system model's sample (:meth:`SystemModel.sample_available`) of clients that train: the
+        held-out clients of new-client evaluation are never drawn (synchronous rounds)."""
+        if self.held_out is not None and exclude is None:
+            exclude, excluded_count = self.held_out, len(self.evaluation.new)
+        return self.system.sample_available(t, counter, k, exclude, excluded_count)
 
     def with_states(self, tasks: list) -> list:
         """Tasks carrying each client's kept state (stateful algorithms, and client stages that keep

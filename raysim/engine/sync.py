@@ -153,7 +153,7 @@ class SyncRounds:
         s, p, ex = self.s, self.s.progress, self.s.cfg.execution
         if not s.builds_rows or p.version + 1 >= ex.rounds:
             return []
-        clients = s.system.sample_available(clock, p.counter, s.round_size(p.counter))
+        clients = s.sample_at(clock, p.counter, s.round_size(p.counter))
         return make_tasks("train", clients, s.train_sizes, p.counter, s.task_size, p.version + 1)
 
     def _log_events(self, clients, kept, late, dropped, aborted, timing, sizes, updates, start, version,

@@ -68,7 +68,10 @@ ROUNDS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("virtual_time", pa.float64()), ("wall_time", pa.float64()),
     ("train_loss", pa.float64()), ("test_loss", pa.float64()), ("test_accuracy", pa.float64()),
     ("personalized_accuracy", pa.float64()), ("personalized_accuracy_mean", pa.float64()),
-    ("personalized_accuracy_ci95", pa.float64()), ("clients", pa.int64()), ("samples", pa.int64()),
+    ("personalized_accuracy_ci95", pa.float64()),
+    ("personalized_accuracy_p10", pa.float64()), ("personalized_accuracy_std", pa.float64()),  # across clients
+    ("new_client_accuracy", pa.float64()), ("new_client_personalized_accuracy", pa.float64()),  # eval.new_clients
+    ("clients", pa.int64()), ("samples", pa.int64()),
     ("updates_per_second", pa.float64()), ("eval_seconds", pa.float64()),
     ("late", pa.int64()), ("dropped", pa.int64()), ("failed", pa.int64()), ("stale", pa.int64()),
     ("aborted", pa.int64()),  # secure aggregation: the round's updates discarded, too few survived to unmask

@@ -311,6 +311,10 @@ class EvalConfig:
     clients: Optional[int] = key(None, "evaluate (globally and personalized) on a seeded "
                                        "sample of this many clients, the same at every evaluation (null: every "
                                        "client)", check=positive_int, when=when("data.kind", "quadratic", negate=True))
+    new_clients: int = key(0, "hold out this many clients (seeded) that never train; each evaluation also tests "
+                              "the global model on them and, with eval.personalized_*, after their own adaptation "
+                              "(new_client_* columns)", check=non_negative_int,
+                           when=when("data.kind", "quadratic", negate=True))
     where: str = key("auto", "where the global model is tested: driver (the scheduler's process) | actors (the "
                              "ClientActors, in parallel, on their devices; with runtime.backend=local the client "
                              "host in the same process, which runs the actors' code) | auto (actors when they have "

@@ -69,10 +69,31 @@ def check_clients_per_round(cfg, num_clients: int) -> None:
             f"an integer in [1, {num_clients}] (the data set's number of clients)")
 
 
-def check_eval_clients(clients: int | None, num_clients: int) -> None:
-    """``eval.clients`` is null or at most the number of clients."""
-    require(clients is None or clients <= num_clients, "eval.clients", clients,
-            f"null (every client) or an integer in [1, {num_clients}] (the data set's number of clients)")
+def check_eval_clients(cfg, num_clients: int) -> None:
+    """``eval.clients`` is null or at most the number of clients; ``eval.new_clients`` leaves a round's
+    clients to train."""
+    clients, new = cfg.eval.clients, cfg.eval.get("new_clients", 0)
+    require(clients is None or clients <= num_clients - new, "eval.clients", clients,
+            f"null (every client) or an integer in [1, {num_clients - new}] (the data set's number of clients"
+            + (f", less eval.new_clients = {new})" if new else ")"))
+    if new and cfg.execution.mode == "sync":
+        room = num_clients - math.ceil(cfg.execution.over_selection * cfg.execution.clients_per_round)
+        require(new <= room, "eval.new_clients", new,
+                f"at most {room}: the {num_clients} clients less those a round samples (the held-out clients "
+                "never train)")
+
+
+def _check_new_clients(cfg: DictConfig) -> None:
+    """New-client evaluation holds clients out of synchronous rounds drawn uniformly (or by a
+    selection policy that samples from the clients it is shown)."""
+    new, e = cfg.eval.get("new_clients", 0), cfg.execution
+    if not new:
+        return
+    require(e.mode == "sync", "eval.new_clients", new, "0 in async mode (held-out clients: synchronous rounds only)")
+    require(e.sampling == "uniform", "eval.new_clients", new,
+            "0 with execution.sampling=poisson (each client's chance of taking part would not be q)")
+    require(e.selection.kind != "importance", "eval.new_clients", new,
+            "0 with execution.selection.kind=importance (its inclusion chances assume every client can be drawn)")
 
 
 def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
@@ -205,7 +226,8 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
     v = cfg.eval
     check_values(cfg, EvalConfig, "eval")
     if d.kind not in CLIENTS_FROM_FILES:  # else the files decide the number of clients: checked once read
-        check_eval_clients(v.clients, d.num_clients)
+        check_eval_clients(cfg, d.num_clients)
+    _check_new_clients(cfg)
 
     require(bool(str(cfg.output.dir).strip()), "output.dir", cfg.output.dir, "a directory path")
     scheme = str(cfg.output.dir).partition("://")[0] if "://" in str(cfg.output.dir) else None
@@ -256,7 +278,7 @@ def check_data_set(cfg, dataset) -> None:
             check_data(cfg, dataset.train_sizes())
     if cfg.data.kind in CLIENTS_FROM_FILES:
         check_clients_per_round(cfg, dataset.num_clients)
-        check_eval_clients(cfg.eval.clients, dataset.num_clients)
+        check_eval_clients(cfg, dataset.num_clients)
         if "aggregator" in cfg.algorithm:
             check_aggregator(cfg, dataset.num_clients)
 
