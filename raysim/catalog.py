@@ -52,6 +52,7 @@ ALGORITHMS = {  # the one registry of built-ins
     "local_ffgg": BuiltinAlgorithm("raysim.algorithms.ffgg:LocalFFGG", keys.LocalFFGGKeys, keeps_personal=True),
     "l2gd": BuiltinAlgorithm("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys, kept_vectors=1),
     "perfedavg": BuiltinAlgorithm("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
+    "ditto": BuiltinAlgorithm("raysim.algorithms.ditto:Ditto", keys.DittoKeys, kept_vectors=1),
 }
 
 

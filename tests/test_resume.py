@@ -72,6 +72,11 @@ CASES = {
                                      "execution.concurrency=6", "execution.max_updates=48", "eval.every=3",
                                      "communication.uplink.kind=topk", "communication.uplink.fraction=0.05",
                                      "communication.uplink.error_feedback=ef"],
+    "ditto": ["algorithm.name=ditto", "algorithm.personal_steps=3", "execution.rounds=8",
+              "execution.clients_per_round=6", "eval.every=2"],  # personal models kept and evaluated
+    "ditto_fedbuff": STRAGGLERS + ["algorithm.name=ditto", "execution.mode=async", "execution.aggregation=fedbuff",
+                                   "execution.buffer_size=4", "execution.concurrency=6", "execution.max_updates=48",
+                                   "eval.every=3", "eval.personalized_steps=1"],
     "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
                                  "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",

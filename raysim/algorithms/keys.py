@@ -368,6 +368,36 @@ class L2GDKeys(QuadraticUnitKeys, StepKeys):
                                 f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
 
 
+@dataclass
+class DittoKeys(FedAvgKeys):
+    """Ditto: FedAvg for the global model, and a personal model per client pulled toward it by λ."""
+
+    ditto_lambda: float = key(0.1, "λ: each personal step descends F_k(v) + (λ/2)‖v − w‖², w the global model the "
+                                   "client received (0: personal models trained alone, from w)", check=non_negative)
+    personal_lr: Optional[float] = key(None, "η_p, the step size of the personal steps (null: lr); also the default "
+                                             "step of personalized evaluation", check=positive)
+    personal_steps: Optional[int] = key(None, "personal steps per visit (null: as many as the global update takes: "
+                                              "local_steps, or local_epochs passes)", check=positive_int)
+
+    @staticmethod
+    def check(cfg) -> None:
+        whole_model_personalization(cfg)
+
+
+def whole_model_personalization(cfg) -> None:
+    """An algorithm whose clients keep whole models of their own (Ditto) needs row data, whose
+    personalized evaluation tests those models, and no personal split of the model."""
+    a, m = cfg.algorithm, cfg.model
+    if cfg.data.kind == "quadratic":
+        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={a.name} (its personal "
+                                                      "models are judged by personalized evaluation, which the "
+                                                      "quadratic problem does not have)")
+    personal = m.personal if isinstance(m.personal, str) else list(m.personal)
+    if personal != "none":
+        raise ScenarioError("model.personal", personal, f"none for algorithm.name={a.name} (each client's personal "
+                                                        "model is a whole model)")
+
+
 PERFEDAVG_VARIANTS = ("fo", "hf", "hvp")
 
 

@@ -117,12 +117,13 @@ class Evaluation:
         return pooled.result()
 
     def _personalized(self) -> dict:
-        """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``) and
-        tests on its own rows: pooled over test rows, and the mean over clients (those with test
+        """Accuracy after each evaluated client adapts the global model (``eval.personalized_*``; an
+        algorithm whose clients keep models of their own, such as Ditto, tests those, adapted or not)
+        and tests on its own rows: pooled over test rows, and the mean over clients (those with test
         rows) with its 95% confidence half-width (Student's t). Each tested client's accuracy is
         kept (8 bytes a client), in task order."""
         ev, run = self.cfg.eval, self.run
-        if ev.personalized_steps == 0 and ev.personalized_epochs == 0:
+        if ev.personalized_steps == 0 and ev.personalized_epochs == 0 and not run.algorithm.personal_models:
             return {}
         accuracy, tested, correct, rows = np.empty(len(self.clients)), 0, 0, 0
         results = (run_tasks(run.runtime, run.payload_handle(), run.with_states(chunk), run.train_sizes)
