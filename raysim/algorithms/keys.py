@@ -398,6 +398,52 @@ def whole_model_personalization(cfg) -> None:
                                                         "model is a whole model)")
 
 
+@dataclass
+class FedPerKeys(FedAvgKeys):
+    """FedPer: the whole model trained locally; the shared part's update averaged, the personal part (model.personal)
+    kept by each client."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        kept_personal_part(cfg)
+
+
+@dataclass
+class FedRepKeys(FedAvgKeys):
+    """FedRep: the personal head (model.personal) trained first with the body fixed, then the body with the head
+    fixed; the body's update averaged, the head kept by each client."""
+
+    head_lr: Optional[float] = key(None, "step size of the head steps (null: lr); also the default step of "
+                                         "personalized evaluation", check=positive)
+    head_steps: Optional[int] = key(None, "τ_h, head steps per visit, before the body's (null: head_epochs passes "
+                                          "over the rows)", check=positive_int)
+    head_epochs: int = key(1, "passes over the client's training rows that train the head", check=positive_int,
+                           when=(when("head_steps", None), ROW_DATA))
+
+    @staticmethod
+    def check(cfg) -> None:
+        kept_personal_part(cfg)
+
+
+def kept_personal_part(cfg) -> None:
+    """An algorithm whose clients keep the model's personal part between visits (FedPer, FedRep) needs
+    row data (personalized evaluation tests each client's model), a personal split and
+    ``model.personal_state: stateful``."""
+    a, m = cfg.algorithm, cfg.model
+    if cfg.data.kind == "quadratic":
+        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={a.name} (its personal "
+                                                      "models are judged by personalized evaluation, which the "
+                                                      "quadratic problem does not have)")
+    personal = m.personal if isinstance(m.personal, str) else list(m.personal)
+    if personal == "none":
+        raise ScenarioError("model.personal", personal, f"a split with personal parameters for algorithm.name={a.name}"
+                                                        ": output_layer (a personal head), input_layer, adapter or "
+                                                        "name patterns")
+    if m.personal_state != "stateful":
+        raise ScenarioError("model.personal_state", m.personal_state, f"stateful for algorithm.name={a.name} (each "
+                                                                      "client keeps its personal part between visits)")
+
+
 PERFEDAVG_VARIANTS = ("fo", "hf", "hvp")
 
 
