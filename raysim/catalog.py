@@ -55,6 +55,7 @@ ALGORITHMS = {  # the one registry of built-ins
     "ditto": BuiltinAlgorithm("raysim.algorithms.ditto:Ditto", keys.DittoKeys, kept_vectors=1),
     "fedper": BuiltinAlgorithm("raysim.algorithms.fedrep:FedPer", keys.FedPerKeys, keeps_personal=True),
     "fedrep": BuiltinAlgorithm("raysim.algorithms.fedrep:FedRep", keys.FedRepKeys, keeps_personal=True),
+    "local_only": BuiltinAlgorithm("raysim.algorithms.local_only:LocalOnly", keys.LocalOnlyKeys, kept_vectors=1),
 }
 
 

@@ -132,6 +132,10 @@ MODES = {
                                      "model.personal_state=stateful", "execution.mode=async",
                                      "execution.concurrency=12", "execution.max_updates=40", "eval.every=10",
                                      "eval.personalized_steps=1", "system.unreliable.participation.value=0.5"],
+    # local-only training: updates of no entries, each client's own model kept and tested
+    "local_only_fedbuff": STRAGGLERS + ["algorithm.name=local_only", "execution.mode=async",
+                                        "execution.aggregation=fedbuff", "execution.buffer_size=4",
+                                        "execution.concurrency=12", "execution.max_updates=40", "eval.every=3"],
     "scaffold_stateful": ["data.kind=quadratic", "data.n=60", "data.d_theta=6", "data.d_w=3", "model.kind=quadratic",
                           "algorithm.name=scaffold", "algorithm.local_steps=3", "algorithm.lr_unit=inverse_smoothness",
                           "execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3"],

@@ -83,6 +83,8 @@ CASES = {
                                     "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
     "fedper": ["algorithm.name=fedper", "model.personal=output_layer", "model.personal_state=stateful",
                "execution.rounds=8", "execution.clients_per_round=6", "eval.every=2", "eval.personalized_steps=1"],
+    "local_only": ["algorithm.name=local_only", "execution.rounds=8", "execution.clients_per_round=6",
+                   "eval.every=2", "eval.personalized_steps=1"],
     "l2gd_quadratic_on_demand": ["data.kind=quadratic", "data.num_clients=8", "data.n=60", "data.d_theta=6",
                                  "data.d_w=3", "model.kind=quadratic", "algorithm.name=l2gd", "algorithm.local_steps=3",
                                  "execution.rounds=8", "execution.clients_per_round=8", "data.on_demand=true",

@@ -444,6 +444,25 @@ def kept_personal_part(cfg) -> None:
                                                                       "client keeps its personal part between visits)")
 
 
+@dataclass
+class LocalOnlyKeys(MinibatchKeys):
+    """Local-only training: each client trains a model of its own and never communicates (the reference point
+    without federation)."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        whole_model_personalization(cfg)
+        p, c, b = cfg.privacy, cfg.communication, cfg.system.byzantine
+        for name, value, idle in (("privacy.mechanism", p.mechanism, "none"),
+                                  ("communication.uplink.kind", c.uplink.kind, "none"),
+                                  ("communication.secure_aggregation.protocol", c.secure_aggregation.protocol, "none"),
+                                  ("system.byzantine.fraction", b.fraction, 0.0),
+                                  ("system.byzantine.clients", None if b.clients is None else list(b.clients), None)):
+            if value != idle:
+                raise ScenarioError(name, value, f"{json.dumps(idle)} with algorithm.name={cfg.algorithm.name} (its "
+                                                 "clients send nothing)")
+
+
 PERFEDAVG_VARIANTS = ("fo", "hf", "hvp")
 
 
