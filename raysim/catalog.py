@@ -52,6 +52,10 @@ ALGORITHMS = {  # the one registry of built-ins
     "local_ffgg": BuiltinAlgorithm("raysim.algorithms.ffgg:LocalFFGG", keys.LocalFFGGKeys, keeps_personal=True),
     "l2gd": BuiltinAlgorithm("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys, kept_vectors=1),
     "perfedavg": BuiltinAlgorithm("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
+    "ditto": BuiltinAlgorithm("raysim.algorithms.ditto:Ditto", keys.DittoKeys, kept_vectors=1),
+    "fedper": BuiltinAlgorithm("raysim.algorithms.fedrep:FedPer", keys.FedPerKeys, keeps_personal=True),
+    "fedrep": BuiltinAlgorithm("raysim.algorithms.fedrep:FedRep", keys.FedRepKeys, keeps_personal=True),
+    "local_only": BuiltinAlgorithm("raysim.algorithms.local_only:LocalOnly", keys.LocalOnlyKeys, kept_vectors=1),
 }
 
 

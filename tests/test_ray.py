@@ -113,6 +113,29 @@ MODES = {
                                 "algorithm.lr=0.05", "execution.rounds=3", "execution.clients_per_round=20",
                                 "runtime.clients_per_task=3", "eval.personalized_steps=1", *extra]
        for variant, extra in [("fo", []), ("hvp", []), ("hf", ["system.unreliable.participation.value=0.5"])]},
+    # Ditto: personal models kept per client, tested as they are at each evaluation (on the actors, with their
+    # states), and under FedBuff adapted by one step from them
+    "ditto": ["algorithm.name=ditto", "algorithm.local_steps=3", "algorithm.personal_steps=4",
+              "algorithm.ditto_lambda=0.5", "execution.rounds=4", "execution.clients_per_round=20",
+              "runtime.clients_per_task=3", "eval.every=2", "data.on_demand=true", "eval.clients=15"],
+    "ditto_fedbuff": STRAGGLERS + ["algorithm.name=ditto", "algorithm.personal_lr=0.1", "execution.mode=async",
+                                   "execution.aggregation=fedbuff", "execution.buffer_size=4",
+                                   "execution.concurrency=12", "execution.max_updates=40", "eval.every=3",
+                                   "eval.personalized_steps=1"],
+    # FedRep and FedPer: heads kept per client, only the body sent; the heads tested at each evaluation (FedRep:
+    # as they are, on the actors; FedPer under FedAsync: after a step on the head)
+    "fedrep": ["algorithm.name=fedrep", "model.personal=output_layer", "model.personal_state=stateful",
+               "algorithm.local_steps=3", "algorithm.head_steps=2", "algorithm.head_lr=0.1", "execution.rounds=4",
+               "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2", "eval.where=actors",
+               "data.on_demand=true", "eval.clients=15"],
+    "fedper_fedasync": STRAGGLERS + ["algorithm.name=fedper", "model.personal=output_layer",
+                                     "model.personal_state=stateful", "execution.mode=async",
+                                     "execution.concurrency=12", "execution.max_updates=40", "eval.every=10",
+                                     "eval.personalized_steps=1", "system.unreliable.participation.value=0.5"],
+    # local-only training: updates of no entries, each client's own model kept and tested
+    "local_only_fedbuff": STRAGGLERS + ["algorithm.name=local_only", "execution.mode=async",
+                                        "execution.aggregation=fedbuff", "execution.buffer_size=4",
+                                        "execution.concurrency=12", "execution.max_updates=40", "eval.every=3"],
     "scaffold_stateful": ["data.kind=quadratic", "data.n=60", "data.d_theta=6", "data.d_w=3", "model.kind=quadratic",
                           "algorithm.name=scaffold", "algorithm.local_steps=3", "algorithm.lr_unit=inverse_smoothness",
                           "execution.rounds=4", "execution.clients_per_round=20", "runtime.clients_per_task=3"],

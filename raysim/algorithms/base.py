@@ -98,7 +98,9 @@ class Algorithm:
     per-client numbers :meth:`client_update` returns among its ``diagnostics``, each logged in an
     events.parquet column of that name (see :meth:`client_numbers`); ``uploads``: the names of
     the vectors a client sends beside its update (its ``extras``), which differential privacy's
-    clipping and noise do not cover."""
+    clipping and noise do not cover; ``personal_models``: clients keep models of their own (Ditto's
+    v_k), which personalized evaluation tests through :meth:`personalize` even with
+    ``eval.personalized_steps`` and ``personalized_epochs`` both 0."""
 
     Keys = FedAvgKeys
     stateful = False
@@ -108,6 +110,7 @@ class Algorithm:
     server_diagnostics: tuple = ()
     client_diagnostics: tuple = ()
     uploads: tuple = ()
+    personal_models = False
 
     def __init__(self, cfg, env: AlgorithmEnv):
         self.cfg, self.env, self.model = cfg, env, env.model
@@ -300,11 +303,14 @@ class Algorithm:
     def finetune_and_test(self, ctx: ClientContext, start: torch.Tensor, steps: int, epochs: int, lr: float,
                           only: torch.Tensor | None = None, adapt_on: str = "train") -> ClientTests:
         """Fine-tune ``start`` [C, P] (only the ``only`` entries move) on minibatches of each
-        client's ``adapt_on`` rows (train or test), then test each client's model on its own test rows."""
-        plan = ctx.plan(None if epochs > 0 else steps, getattr(self.cfg, "batch_size", 1), epochs, rows=adapt_on)
-        weight_decay = getattr(self.cfg, "weight_decay", 0.0)
-        params = local_train(start, ctx.oracle(plan), ctx.transform(plan, lr, weight_decay=weight_decay,
-                                                                    only=only)).params
+        client's ``adapt_on`` rows (train or test), then test each client's model on its own test rows
+        (``start`` itself when ``steps`` and ``epochs`` are both 0)."""
+        params = start
+        if steps > 0 or epochs > 0:
+            plan = ctx.plan(None if epochs > 0 else steps, getattr(self.cfg, "batch_size", 1), epochs, rows=adapt_on)
+            weight_decay = getattr(self.cfg, "weight_decay", 0.0)
+            params = local_train(start, ctx.oracle(plan), ctx.transform(plan, lr, weight_decay=weight_decay,
+                                                                        only=only)).params
         loss_sum, correct, rows = [], [], []
         with torch.no_grad():
             for p, (_, lo, hi) in zip(params, ctx.data.offsets):

@@ -368,6 +368,101 @@ class L2GDKeys(QuadraticUnitKeys, StepKeys):
                                 f"data.num_clients={d.num_clients} for algorithm.name=l2gd (full participation)")
 
 
+@dataclass
+class DittoKeys(FedAvgKeys):
+    """Ditto: FedAvg for the global model, and a personal model per client pulled toward it by λ."""
+
+    ditto_lambda: float = key(0.1, "λ: each personal step descends F_k(v) + (λ/2)‖v − w‖², w the global model the "
+                                   "client received (0: personal models trained alone, from w)", check=non_negative)
+    personal_lr: Optional[float] = key(None, "η_p, the step size of the personal steps (null: lr); also the default "
+                                             "step of personalized evaluation", check=positive)
+    personal_steps: Optional[int] = key(None, "personal steps per visit (null: as many as the global update takes: "
+                                              "local_steps, or local_epochs passes)", check=positive_int)
+
+    @staticmethod
+    def check(cfg) -> None:
+        whole_model_personalization(cfg)
+
+
+def whole_model_personalization(cfg) -> None:
+    """An algorithm whose clients keep whole models of their own (Ditto) needs row data, whose
+    personalized evaluation tests those models, and no personal split of the model."""
+    a, m = cfg.algorithm, cfg.model
+    if cfg.data.kind == "quadratic":
+        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={a.name} (its personal "
+                                                      "models are judged by personalized evaluation, which the "
+                                                      "quadratic problem does not have)")
+    personal = m.personal if isinstance(m.personal, str) else list(m.personal)
+    if personal != "none":
+        raise ScenarioError("model.personal", personal, f"none for algorithm.name={a.name} (each client's personal "
+                                                        "model is a whole model)")
+
+
+@dataclass
+class FedPerKeys(FedAvgKeys):
+    """FedPer: the whole model trained locally; the shared part's update averaged, the personal part (model.personal)
+    kept by each client."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        kept_personal_part(cfg)
+
+
+@dataclass
+class FedRepKeys(FedAvgKeys):
+    """FedRep: the personal head (model.personal) trained first with the body fixed, then the body with the head
+    fixed; the body's update averaged, the head kept by each client."""
+
+    head_lr: Optional[float] = key(None, "step size of the head steps (null: lr); also the default step of "
+                                         "personalized evaluation", check=positive)
+    head_steps: Optional[int] = key(None, "τ_h, head steps per visit, before the body's (null: head_epochs passes "
+                                          "over the rows)", check=positive_int)
+    head_epochs: int = key(1, "passes over the client's training rows that train the head", check=positive_int,
+                           when=(when("head_steps", None), ROW_DATA))
+
+    @staticmethod
+    def check(cfg) -> None:
+        kept_personal_part(cfg)
+
+
+def kept_personal_part(cfg) -> None:
+    """An algorithm whose clients keep the model's personal part between visits (FedPer, FedRep) needs
+    row data (personalized evaluation tests each client's model), a personal split and
+    ``model.personal_state: stateful``."""
+    a, m = cfg.algorithm, cfg.model
+    if cfg.data.kind == "quadratic":
+        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={a.name} (its personal "
+                                                      "models are judged by personalized evaluation, which the "
+                                                      "quadratic problem does not have)")
+    personal = m.personal if isinstance(m.personal, str) else list(m.personal)
+    if personal == "none":
+        raise ScenarioError("model.personal", personal, f"a split with personal parameters for algorithm.name={a.name}"
+                                                        ": output_layer (a personal head), input_layer, adapter or "
+                                                        "name patterns")
+    if m.personal_state != "stateful":
+        raise ScenarioError("model.personal_state", m.personal_state, f"stateful for algorithm.name={a.name} (each "
+                                                                      "client keeps its personal part between visits)")
+
+
+@dataclass
+class LocalOnlyKeys(MinibatchKeys):
+    """Local-only training: each client trains a model of its own and never communicates (the reference point
+    without federation)."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        whole_model_personalization(cfg)
+        p, c, b = cfg.privacy, cfg.communication, cfg.system.byzantine
+        for name, value, idle in (("privacy.mechanism", p.mechanism, "none"),
+                                  ("communication.uplink.kind", c.uplink.kind, "none"),
+                                  ("communication.secure_aggregation.protocol", c.secure_aggregation.protocol, "none"),
+                                  ("system.byzantine.fraction", b.fraction, 0.0),
+                                  ("system.byzantine.clients", None if b.clients is None else list(b.clients), None)):
+            if value != idle:
+                raise ScenarioError(name, value, f"{json.dumps(idle)} with algorithm.name={cfg.algorithm.name} (its "
+                                                 "clients send nothing)")
+
+
 PERFEDAVG_VARIANTS = ("fo", "hf", "hvp")
 
 

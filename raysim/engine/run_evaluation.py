@@ -135,12 +135,13 @@ class Evaluation:
 
     def _personalized(self, clients: np.ndarray) -> dict:
         """Accuracy after each of ``clients`` adapts the global model (``eval.personalized_*``, the
-        method's own adaptation, from the state it keeps) and tests on its own rows: pooled over
+        method's own adaptation, from the state it keeps; an algorithm whose clients keep models of
+        their own, such as Ditto, tests those, adapted or not) and tests on its own rows: pooled over
         test rows, and over clients (those with test rows) the mean with its 95% confidence
         half-width (Student's t), the worst decile (the 10th percentile) and the standard deviation.
         Each tested client's accuracy is kept (8 bytes a client), in task order."""
         ev, run = self.cfg.eval, self.run
-        if ev.personalized_steps == 0 and ev.personalized_epochs == 0:
+        if ev.personalized_steps == 0 and ev.personalized_epochs == 0 and not run.algorithm.personal_models:
             return {}
         accuracy, tested, correct, rows = np.empty(len(clients)), 0, 0, 0
         results = (run_tasks(run.runtime, run.payload_handle(), run.with_states(chunk), run.train_sizes)
