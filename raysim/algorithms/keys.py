@@ -384,14 +384,20 @@ class DittoKeys(FedAvgKeys):
         whole_model_personalization(cfg)
 
 
+def _needs_rows(cfg) -> None:
+    """A personalization baseline's personal models are judged by personalized evaluation, which
+    the quadratic problem does not have."""
+    if cfg.data.kind == "quadratic":
+        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={cfg.algorithm.name} "
+                                                      "(its personal models are judged by personalized evaluation, "
+                                                      "which the quadratic problem does not have)")
+
+
 def whole_model_personalization(cfg) -> None:
     """An algorithm whose clients keep whole models of their own (Ditto) needs row data, whose
     personalized evaluation tests those models, and no personal split of the model."""
     a, m = cfg.algorithm, cfg.model
-    if cfg.data.kind == "quadratic":
-        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={a.name} (its personal "
-                                                      "models are judged by personalized evaluation, which the "
-                                                      "quadratic problem does not have)")
+    _needs_rows(cfg)
     personal = m.personal if isinstance(m.personal, str) else list(m.personal)
     if personal != "none":
         raise ScenarioError("model.personal", personal, f"none for algorithm.name={a.name} (each client's personal "
@@ -430,10 +436,7 @@ def kept_personal_part(cfg) -> None:
     row data (personalized evaluation tests each client's model), a personal split and
     ``model.personal_state: stateful``."""
     a, m = cfg.algorithm, cfg.model
-    if cfg.data.kind == "quadratic":
-        raise ScenarioError("data.kind", "quadratic", f"a data set of rows for algorithm.name={a.name} (its personal "
-                                                      "models are judged by personalized evaluation, which the "
-                                                      "quadratic problem does not have)")
+    _needs_rows(cfg)
     personal = m.personal if isinstance(m.personal, str) else list(m.personal)
     if personal == "none":
         raise ScenarioError("model.personal", personal, f"a split with personal parameters for algorithm.name={a.name}"

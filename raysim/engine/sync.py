@@ -101,9 +101,7 @@ class SyncRounds:
                                  "diverged")
                 raise
             p.apply(len(updates.client_ids))
-        reported = np.searchsorted(clients, updates.client_ids) if updates is not None else np.empty(0, dtype=np.int64)
-        s.observe_round(clients[reported], updates.train_loss if updates is not None else np.empty(0),
-                        timing.duration_s[reported], clients[late], timing.duration_s[late])
+        self._observe(clients, updates, timing, late)
         p.pass_time(duration)
         p.step()
         self._log_events(clients, kept, late, dropped, aborted, timing, sizes, updates, start, version, "applied")
@@ -115,6 +113,16 @@ class SyncRounds:
         s.log_round(updates, n_kept, int(updates.samples.sum()) if updates is not None else 0,
                     time.perf_counter() - began, eval_row, late=int(late.sum()), failed=int(timing.failed.sum()),
                     dropped=int(dropped.sum()), aborted=int(aborted.sum()))
+
+    def _observe(self, clients: np.ndarray, updates, timing, late: np.ndarray) -> None:
+        """Tell the selection policy the losses and durations of the round's updates, and the
+        durations of its late clients."""
+        if updates is None:
+            reported, losses = np.empty(0, dtype=np.int64), np.empty(0)
+        else:
+            reported, losses = np.searchsorted(clients, updates.client_ids), updates.train_loss
+        self.s.observe_round(clients[reported], losses, timing.duration_s[reported], clients[late],
+                             timing.duration_s[late])
 
     def _sized_round(self, clients: np.ndarray, counter: int, timing, sizes: tuple):
         """(updates, (bytes down, bytes up per client), timing) of a round whose uploads' sizes

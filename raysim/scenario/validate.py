@@ -319,14 +319,20 @@ def _check_sampling(cfg: DictConfig) -> None:
     """Poisson sampling draws each client with the same probability: every client always available,
     and every client drawn counts (no over-selection)."""
     e = cfg.execution
-    if e.mode != "sync" or e.sampling != "poisson":
-        return
+    if e.mode == "sync" and e.sampling == "poisson":
+        _draws_each_client_by_chance(cfg, "execution.sampling=poisson", "clients_per_round / N")
+
+
+def _draws_each_client_by_chance(cfg: DictConfig, setting: str, chance: str) -> None:
+    """A round that draws each client independently with a known ``chance`` keeps every client it
+    draws (no over-selection) and can draw every client (always available)."""
+    e = cfg.execution
     require(e.over_selection == 1, "execution.over_selection", e.over_selection,
-            "1 with execution.sampling=poisson (a Poisson round keeps every client it draws)")
+            f"1 with {setting} (such a round keeps every client it draws)")
     kind = cfg.system.availability.kind
     require(kind == "always", "system.availability.kind", kind,
-            "always with execution.sampling=poisson (each client's probability of taking part is "
-            "clients_per_round / N only if every client can be drawn)")
+            f"always with {setting} (each client's probability of taking part is {chance} only if every client "
+            "can be drawn)")
 
 
 def _check_selection(cfg: DictConfig) -> None:
@@ -352,12 +358,7 @@ def _check_selection(cfg: DictConfig) -> None:
         require(s.exploration_min <= s.exploration, "execution.selection.exploration_min", s.exploration_min,
                 f"at most execution.selection.exploration = {s.exploration}")
     if s.kind == "importance":
-        require(e.over_selection == 1, "execution.over_selection", e.over_selection,
-                "1 with execution.selection.kind=importance (each client drawn counts)")
-        kind = cfg.system.availability.kind
-        require(kind == "always", "system.availability.kind", kind,
-                "always with execution.selection.kind=importance (a client's chance of taking part is "
-                "min(1, clients_per_round · its share) only if it can always be drawn)")
+        _draws_each_client_by_chance(cfg, "execution.selection.kind=importance", "min(1, clients_per_round · its share)")
 
 
 def _check_privacy(cfg: DictConfig) -> None:
