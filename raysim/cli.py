@@ -360,17 +360,18 @@ def cmd_bench(args) -> int:
     for option, value in (("--repeat", args.repeat), ("--events", args.events)):
         if value < 1:
             raise ScenarioError(option, value, "an integer >= 1")
+    stages = next((name for name in ("privacy", "compression", "personalization") if getattr(args, name)), None)
     if args.baseline is not None:
-        if args.durability or args.aggregators or args.scale or args.privacy or args.compression:
-            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale, --privacy or "
-                                                             "--compression with it (it runs beside W1, W2 and --async)")
+        if args.durability or args.aggregators or args.scale or stages:
+            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale, --privacy, "
+                                                             "--compression or --personalization with it (it runs "
+                                                             "beside W1, W2 and --async)")
         if not all((Path(args.baseline) / part).exists() for part in ("raysim/cli.py", "scenarios/bench")):
             raise ScenarioError("--baseline", args.baseline, "a raysim checkout, with raysim/cli.py and "
                                                              "scenarios/bench/ (git worktree add DIR COMMIT makes one)")
     return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
                      durability=args.durability, events=args.events, aggregators=args.aggregators, scale=args.scale,
-                     scale_clients=args.clients, baseline=args.baseline, privacy=args.privacy,
-                     compression=args.compression)
+                     scale_clients=args.clients, baseline=args.baseline, stages=stages)
 
 
 def _job_options(p, address: str) -> None:
@@ -453,6 +454,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--compression", action="store_true",
                        help="W1 (60 rounds) with top-k 1%% and error feedback, with QSGD and with secure "
                             "aggregation, against W1: the stages' cost")
+    bench.add_argument("--personalization", action="store_true",
+                       help="W1 (60 rounds) with Ditto, FedPer, FedRep and local-only training against FedAvg: each "
+                            "baseline's cost per client update")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--baseline", metavar="DIR",

@@ -114,6 +114,11 @@ COMPRESSION = {"topk_1pct_ef": ("communication.uplink.kind=topk", "communication
                                 "communication.uplink.error_feedback=ef"),
                "qsgd_4": ("communication.uplink.kind=qsgd", "communication.uplink.levels=4"),
                "secagg": ("communication.secure_aggregation.protocol=secagg",)}
+PERSONAL_HEAD = ("model.personal=output_layer", "model.personal_state=stateful")
+PERSONALIZATION = {"ditto": ("algorithm.name=ditto",), "fedper": ("algorithm.name=fedper", *PERSONAL_HEAD),
+                   "fedrep": ("algorithm.name=fedrep", *PERSONAL_HEAD), "local_only": ("algorithm.name=local_only",)}
+STAGE_BENCHES = {"privacy": {"central_dp": CENTRAL_DP}, "compression": COMPRESSION,
+                 "personalization": PERSONALIZATION}  # raysim bench --NAME: W1 with each variant against W1
 STAGE_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few
 
 
@@ -145,11 +150,12 @@ def run_stage_bench(out: Path, repeat: int, variants: dict) -> dict:
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
               asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
               aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000,
-              baseline: str | None = None, privacy: bool = False, compression: bool = False) -> int:
+              baseline: str | None = None, stages: str | None = None) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``. ``baseline``: a raysim checkout
     run as a third side (and beside the scheduler of ``asynchronous``). ``durability``,
-    ``asynchronous``, ``aggregators`` and ``scale`` run those benchmarks instead."""
+    ``asynchronous``, ``aggregators``, ``scale`` and ``stages`` (a name of :data:`STAGE_BENCHES`)
+    run those benchmarks instead."""
     checkout = Path(baseline).resolve() if baseline else None
     out = Path(out_dir)
     if scale:
@@ -173,12 +179,11 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
         print(f"raysim bench --durability on {os.cpu_count()} CPUs; each run in a fresh process")
         (out / "bench_durability.json").write_text(json.dumps(run_durability_bench(out, events), indent=2) + "\n")
         return 0
-    if privacy or compression:
-        name = "privacy" if privacy else "compression"
-        print(f"raysim bench --{name} on {os.cpu_count()} CPUs; each run in a fresh process")
+    if stages is not None:
+        print(f"raysim bench --{stages} on {os.cpu_count()} CPUs; each run in a fresh process")
         print(HEADER)
-        variants = {"central_dp": CENTRAL_DP} if privacy else COMPRESSION
-        (out / f"bench_{name}.json").write_text(json.dumps(run_stage_bench(out, repeat, variants), indent=2) + "\n")
+        (out / f"bench_{stages}.json").write_text(
+            json.dumps(run_stage_bench(out, repeat, STAGE_BENCHES[stages]), indent=2) + "\n")
         return 0
     if asynchronous:
         print(f"raysim bench --async on {os.cpu_count()} CPUs; each run in a fresh process")
