@@ -37,7 +37,7 @@ def test_power_of_choice_with_d_equal_to_k_draws_what_uniform_draws(tmp_path):
 def test_power_of_choice_keeps_the_highest_reported_losses_and_tries_unseen_clients_first():
     cfg = SimpleNamespace(seed=0, execution=SimpleNamespace(selection=SelectionConfig(kind="power_of_choice",
                                                                                       candidates=6)))
-    policy = Selection(cfg, np.full(10, 50), np.full(10, 0.1))
+    policy = Selection(cfg, np.full(10, 50), uniform=True)
     state = policy.observe(policy.init(), np.array([1, 2, 3, 4]), np.array([0.5, 2.0, 0.1, 2.0]), np.ones(4),
                            np.empty(0, dtype=np.int64), np.empty(0))
     candidates = np.array([1, 2, 3, 4, 7, 9])
@@ -67,7 +67,7 @@ def test_oort_explores_first_then_exploits_what_it_learned():
     cfg = SimpleNamespace(seed=0, execution=SimpleNamespace(selection=SelectionConfig(
         kind="oort", exploration=0.5, exploration_min=0.5, exploration_decay=1.0)))
     n = 40
-    policy = Selection(cfg, np.full(n, 50), np.full(n, 1 / n))
+    policy = Selection(cfg, np.full(n, 50), uniform=True)
     ids = np.arange(n)
     state = policy.init()
     chosen, state = policy.choose(state, lambda k: ids[:k], lambda: ids, 10, counter=0)  # round 1: uniform
@@ -88,7 +88,8 @@ def test_importance_sampling_by_data_size_is_unbiased():
     sizes = rng.integers(5, 200, n)
     target = sizes / sizes.sum()
     cfg = SimpleNamespace(seed=0, execution=SimpleNamespace(selection=SelectionConfig(kind="importance")))
-    policy = Selection(cfg, sizes, target)
+    policy = Selection(cfg, sizes, uniform=False)
+    assert np.array_equal(policy.target, target)
     updates = rng.standard_normal((n, 3))
     ids = np.arange(n)
     draws = 20000

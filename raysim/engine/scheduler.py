@@ -25,7 +25,7 @@ from raysim.engine.progress import Progress
 from raysim.engine.rounds import round_row
 from raysim.engine.run_evaluation import Evaluation
 from raysim.engine.run_state import RunState
-from raysim.engine.selection import Selection
+from raysim.engine.selection import Selection, shares
 from raysim.engine.server import Server
 from raysim.engine.sync import SyncRounds
 from raysim.errors import NoClientAvailable, RunError
@@ -70,7 +70,7 @@ class Scheduler:
         self.accountant = None if cfg.privacy.mechanism == "none" else Accountant(
             cfg, self.dataset.num_clients, cfg.privacy.noise_multiplier)
         self.client_state: dict = {}  # client id -> kept state (a dict of tensors) of a stateful algorithm
-        self.selection = Selection(cfg, self.train_sizes, self._target_weights())
+        self.selection = Selection(cfg, self.train_sizes, self.uniform_weights)
         self.selection_state = self.selection.init()
         self.progress = Progress()
         self.evaluation = Evaluation(self, problem, initial)
@@ -267,12 +267,11 @@ class Scheduler:
         ok = self.system.available(ids, self.clock, self.progress.counter)
         return ids[ok if self.held_out is None else ok & ~self.held_out]
 
-    def _target_weights(self) -> np.ndarray:
-        """[N] p_k, each client's share of the aggregate the algorithm aims at: its data share, or 1/N."""
-        n = len(self.train_sizes)
-        if self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted:
-            return np.full(n, 1.0 / n)
-        return self.train_sizes / self.train_sizes.sum()
+    @property
+    def uniform_weights(self) -> bool:
+        """Whether updates are averaged with equal weights (``system.unreliable.weights``, or an
+        algorithm that averages without weights) rather than by their samples."""
+        return self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted
 
     def sample_at(self, t: float, counter: int, k: int, exclude=None, excluded_count: int | None = None) -> np.ndarray:
         """The system model's sample (:meth:`SystemModel.sample_available`) of clients that train: the
@@ -307,9 +306,7 @@ class Scheduler:
         chosen = self.selection.weights(updates.client_ids, self.cfg.execution.clients_per_round)
         if chosen is not None:
             return chosen
-        if self.cfg.system.unreliable.weights == "uniform" or not self.algorithm.sample_weighted:
-            return np.full(len(updates.client_ids), 1.0 / len(updates.client_ids))
-        return updates.samples / updates.samples.sum()
+        return shares(updates.samples, self.uniform_weights)
 
     def timing(self, clients: np.ndarray, counters: np.ndarray, draws: np.ndarray | None = None,
                bytes_up: np.ndarray | None = None):

@@ -21,6 +21,7 @@ stream ``(seed, SELECTION, counter)``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -48,6 +49,13 @@ def oort_scores(rewards: np.ndarray, durations: np.ndarray, last_round: np.ndarr
     return np.where(slow, score * (preferred / np.where(slow, durations, 1.0)) ** penalty, score)
 
 
+def shares(sizes: np.ndarray, uniform: bool) -> np.ndarray:
+    """Aggregation shares p_k (summing to 1) of clients with ``sizes`` training rows: ∝ the rows, or 1/n."""
+    if uniform:
+        return np.full(len(sizes), 1.0 / len(sizes))
+    return sizes / sizes.sum()
+
+
 def _draw(rng: np.random.Generator, ids: np.ndarray, weights: np.ndarray, count: int) -> np.ndarray:
     """``count`` of ``ids`` drawn without replacement with probabilities ∝ ``weights`` (uniformly if
     they are all 0)."""
@@ -61,10 +69,15 @@ def _draw(rng: np.random.Generator, ids: np.ndarray, weights: np.ndarray, count:
 class Selection:
     """The selection policy of scenario ``cfg`` for ``num_clients`` clients with ``train_sizes`` rows."""
 
-    def __init__(self, cfg, train_sizes: np.ndarray, target_weights: np.ndarray):
+    def __init__(self, cfg, train_sizes: np.ndarray, uniform: bool):
         self.cfg, self.kind = cfg.execution.selection, cfg.execution.selection.kind
-        self.seed, self.train_sizes, self.target = cfg.seed, train_sizes, target_weights
+        self.seed, self.train_sizes, self.uniform = cfg.seed, train_sizes, uniform
         self.levels = per_client.levels_for(len(train_sizes))
+
+    @functools.cached_property
+    def target(self) -> np.ndarray:
+        """[N] p_k, each client's share of the aggregate the algorithm aims at (importance sampling only)."""
+        return shares(self.train_sizes, self.uniform)
 
     def init(self) -> dict:
         """The policy's state before the first round."""
@@ -134,13 +147,14 @@ class Selection:
         cfg, state = self.cfg, {**state, "round": state["round"] + 1}
         if state["round"] == 1:  # nothing known yet: uniform
             return sample(k), {**state, "exploited": []}
-        ids = available()
-        known = [per_client.value_of(state["clients"], c, self.levels) for c in ids.tolist()]
-        seen = np.array([entry is not None for entry in known], dtype=bool)
-        history = np.array([entry for entry in known if entry is not None], dtype=np.float64).reshape(-1, 4)
-        explored, fresh = ids[seen], ids[~seen]
+        ids = available()  # sorted; the clients met so far are walked once (not every available client looked up)
+        met = list(per_client.items(state["clients"], self.levels))
+        met_ids = np.array([c for c, _ in met], dtype=np.int64)
+        met_history = np.array([v for _, v in met], dtype=np.float64).reshape(-1, 4)
+        seen = np.isin(met_ids, ids)
+        explored, history, fresh = met_ids[seen], met_history[seen], np.setdiff1d(ids, met_ids)
         threshold = self._pace(state)
-        everyone = np.array([v[1] for _, v in per_client.items(state["clients"], self.levels)])
+        everyone = met_history[:, 1]
         preferred = (math.inf if threshold >= 100 or not len(everyone)
                      else float(np.sort(everyone)[min(int(len(everyone) * threshold / 100), len(everyone) - 1)]))
         epsilon = max(state["epsilon"] * cfg.exploration_decay, cfg.exploration_min)
