@@ -162,9 +162,13 @@ MODES = {
 }
 
 
-# asynchronous variants of baselines whose synchronous mode CI's short version runs (ditto, fedrep),
-# over async loops other modes cover: with --runslow only, to keep the short version's time
-FULL_VERSION_ONLY = {"ditto_fedbuff", "fedper_fedasync"}
+# CI's short version runs one mode per engine path and per kind of stage; these variants of a path or
+# stage another mode covers run with --runslow only, to keep the short version's time: the asynchronous
+# modes of baselines whose synchronous mode it runs (ditto, fedrep), Per-FedAvg's second-order variants
+# (perfedavg_fo runs the same task shape), FedYogi (the server optimizers' path: fedacg, fedadam_fedbuff),
+# local DP (a client stage like top-k with EF, under the same FedBuff loop)
+FULL_VERSION_ONLY = {"ditto_fedbuff", "fedper_fedasync", "perfedavg_hvp", "perfedavg_hf", "fedyogi",
+                     "local_dp_fedbuff"}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
