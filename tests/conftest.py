@@ -152,7 +152,8 @@ def logreg_grad(theta, x, y):
     """The mean cross-entropy's gradient of logistic regression (θ = [W (k×d) row-major, b]) by hand."""
     import numpy as np
 
-    W, b = theta[:HAND_CLASSES * HAND_FEATURES].reshape(HAND_CLASSES, HAND_FEATURES), theta[HAND_CLASSES * HAND_FEATURES:]
+    weights = HAND_CLASSES * HAND_FEATURES
+    W, b = theta[:weights].reshape(HAND_CLASSES, HAND_FEATURES), theta[weights:]
     logits = x @ W.T + b
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)

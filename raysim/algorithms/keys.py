@@ -24,8 +24,8 @@ from raysim.errors import ScenarioError
 from raysim.algorithms.aggregator_catalog import RULES, using
 from raysim.importing import import_callable
 from raysim.robust_f import default_f, largest_f
-from raysim.schema import (Check, closed_unit_interval, decay_factor, key, non_negative, non_negative_int, one_of, open_unit_interval,
-                           positive, positive_int, unit_interval, when)
+from raysim.schema import (Check, closed_unit_interval, decay_factor, key, non_negative, non_negative_int, one_of,
+                           open_unit_interval, positive, positive_int, unit_interval, when)
 from raysim.system.config import byzantine_count
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
