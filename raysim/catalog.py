@@ -53,6 +53,8 @@ ALGORITHMS = {  # the one registry of built-ins
     "l2gd": BuiltinAlgorithm("raysim.algorithms.l2gd:L2GD", keys.L2GDKeys, kept_vectors=1),
     "perfedavg": BuiltinAlgorithm("raysim.algorithms.perfedavg:PerFedAvg", keys.PerFedAvgKeys),
     "ditto": BuiltinAlgorithm("raysim.algorithms.ditto:Ditto", keys.DittoKeys, kept_vectors=1),
+    "apfl": BuiltinAlgorithm("raysim.algorithms.apfl:APFL", keys.APFLKeys, kept_vectors=1),
+    "pfedme": BuiltinAlgorithm("raysim.algorithms.pfedme:PFedMe", keys.PFedMeKeys, kept_vectors=1),
     "fedper": BuiltinAlgorithm("raysim.algorithms.fedrep:FedPer", keys.FedPerKeys, keeps_personal=True),
     "fedrep": BuiltinAlgorithm("raysim.algorithms.fedrep:FedRep", keys.FedRepKeys, keeps_personal=True),
     "local_only": BuiltinAlgorithm("raysim.algorithms.local_only:LocalOnly", keys.LocalOnlyKeys, kept_vectors=1),

@@ -50,6 +50,7 @@ non_negative = Check(lambda v: _finite(v) and v >= 0, "a number >= 0")
 positive_int = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer")
 non_negative_int = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
 unit_interval = Check(lambda v: _finite(v) and 0 <= v < 1, "a number in [0, 1)")
+closed_unit_interval = Check(lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
 open_unit_interval = Check(lambda v: _finite(v) and 0 < v < 1, "a probability in (0, 1)")
 decay_factor = Check(lambda v: _finite(v) and 0 < v <= 1, "a number in (0, 1]")
 

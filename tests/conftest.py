@@ -98,3 +98,64 @@ def kill_processes(processes: list) -> None:
             p.kill()
         except psutil.Error:
             pass
+
+
+# Two clients of a tiny row data set for pinning an algorithm's client step by hand in numpy:
+# 12 training and 5 test rows of 3 features each, 3 classes, logistic regression.
+HAND_CLIENTS = [0, 1]
+HAND_TRAIN, HAND_TEST, HAND_FEATURES, HAND_CLASSES = 12, 5, 3, 3
+
+
+def hand_rows(model_cfg):
+    """(data set, model built from ``model_cfg``) of the two :data:`HAND_CLIENTS`."""
+    import numpy as np
+
+    from raysim.data import FederatedDataset
+    from raysim.models import build_model
+
+    rng = np.random.default_rng(3)
+    train_x = [rng.normal(size=(HAND_TRAIN, HAND_FEATURES)) for _ in HAND_CLIENTS]
+    train_y = [rng.integers(0, HAND_CLASSES, HAND_TRAIN) for _ in HAND_CLIENTS]
+    test_x = [rng.normal(size=(HAND_TEST, HAND_FEATURES)) for _ in HAND_CLIENTS]
+    test_y = [rng.integers(0, HAND_CLASSES, HAND_TEST) for _ in HAND_CLIENTS]
+    ds = FederatedDataset.from_clients(train_x, train_y, test_x, test_y, HAND_CLASSES, (HAND_FEATURES,))
+    return ds, build_model(model_cfg, (HAND_FEATURES,), HAND_CLASSES, seed=1)
+
+
+@pytest.fixture
+def logreg_clients():
+    """:func:`hand_rows` with logistic regression: (data set, model, model section)."""
+    from omegaconf import OmegaConf
+
+    from raysim.scenario import ModelConfig
+
+    model_cfg = OmegaConf.structured(ModelConfig(kind="logreg"))
+    return (*hand_rows(model_cfg), model_cfg)
+
+
+def hand_context(ds, model, states=None, purpose=None):
+    """The ClientContext of a task of the two :data:`HAND_CLIENTS` (float64 rows; their streams of
+    seed 0, task counter 4, for ``purpose``, client training by default)."""
+    import numpy as np
+    import torch
+
+    from raysim.algorithms import ClientContext, RowData
+    from raysim.streams import Purpose, stream
+
+    rngs = [stream(0, purpose or Purpose.CLIENT_TRAIN, c, 4) for c in HAND_CLIENTS]
+    data = RowData(torch.from_numpy(ds.features().copy()).double(), torch.from_numpy(ds.labels().copy()),
+                   ds.offsets()[np.array(HAND_CLIENTS)])
+    return ClientContext(np.array(HAND_CLIENTS), rngs, model, data, torch.device("cpu"), states=states)
+
+
+def logreg_grad(theta, x, y):
+    """The mean cross-entropy's gradient of logistic regression (θ = [W (k×d) row-major, b]) by hand."""
+    import numpy as np
+
+    weights = HAND_CLASSES * HAND_FEATURES
+    W, b = theta[:weights].reshape(HAND_CLASSES, HAND_FEATURES), theta[weights:]
+    logits = x @ W.T + b
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    err = (p - np.eye(HAND_CLASSES)[y]) / len(y)
+    return np.concatenate([(err.T @ x).ravel(), err.sum(0)])

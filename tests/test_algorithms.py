@@ -153,7 +153,8 @@ def test_noise_and_unreliable_steps_reach_every_algorithm(tmp_path, name):
      "execution.deadline = 5.0: expected no setting (it applies only with execution.mode = sync "
      "(here execution.mode = 'async'))"),
     (["algorithm.name=fedprox", "algorithm.prox_mu=-1"], "algorithm.prox_mu = -1.0: expected a number >= 0"),
-    (["algorithm.name=nope"], "algorithm.name = 'nope': expected one of ditto, fedacg, fedadagrad, fedadam, fedavg, "),
+    (["algorithm.name=nope"], "algorithm.name = 'nope': expected one of apfl, ditto, fedacg, fedadagrad, fedadam, "
+                              "fedavg, "),
     (["algorithm.name=no_such_module:Algo"], "algorithm.name = 'no_such_module:Algo': expected an importable module "
                                              "(ModuleNotFoundError: No module named 'no_such_module')"),
     (["algorithm.name=raysim.algorithms.fedavg:Nope"],

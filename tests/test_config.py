@@ -141,7 +141,7 @@ def test_list_of_one_algorithm_shows_its_keys_also_for_a_custom_class(capsys, mo
     assert nova["doc"].startswith("FedNova:") and nova["keys"]["lr"]["default"] == 0.05
     assert nova["server_diagnostics"] == ["tau_eff"] and "client_diagnostics" not in nova  # the columns it logs
     assert main(["list", "fedsgd"]) == 2
-    assert capsys.readouterr().err.startswith("error: algorithm.name = 'fedsgd': expected one of ditto, fedacg, ")
+    assert capsys.readouterr().err.startswith("error: algorithm.name = 'fedsgd': expected one of apfl, ditto, fedacg, ")
 
 
 @pytest.mark.parametrize("source, overrides", [

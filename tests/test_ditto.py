@@ -8,105 +8,68 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import small_scenario
-from omegaconf import OmegaConf
+from conftest import (HAND_CLASSES, HAND_CLIENTS, HAND_FEATURES, HAND_TRAIN, hand_context, logreg_grad,
+                      small_scenario)
 from test_bad_input import cli, one_error_line
 
-from raysim.algorithms import AlgorithmEnv, ClientContext, RowData
+from raysim.algorithms import AlgorithmEnv
 from raysim.algorithms.ditto import Ditto
 from raysim.algorithms.keys import DittoKeys
-from raysim.data import FederatedDataset
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.run import run_scenario
-from raysim.models import build_model
 from raysim.preparation import prepare
-from raysim.scenario import ModelConfig
 from raysim.streams import Purpose, stream
 
-CLIENTS = [0, 1]
-TRAIN, TEST, FEATURES, CLASSES = 12, 5, 3, 3
-
-
-@pytest.fixture
-def setup():
-    """Two clients with 12 training and 5 test rows of 3 features, 3 classes; logistic regression."""
-    rng = np.random.default_rng(3)
-    train_x = [rng.normal(size=(TRAIN, FEATURES)) for _ in CLIENTS]
-    train_y = [rng.integers(0, CLASSES, TRAIN) for _ in CLIENTS]
-    test_x = [rng.normal(size=(TEST, FEATURES)) for _ in CLIENTS]
-    test_y = [rng.integers(0, CLASSES, TEST) for _ in CLIENTS]
-    ds = FederatedDataset.from_clients(train_x, train_y, test_x, test_y, CLASSES, (FEATURES,))
-    model_cfg = OmegaConf.structured(ModelConfig(kind="logreg"))
-    model = build_model(model_cfg, (FEATURES,), CLASSES, seed=1)
-    return ds, model, model_cfg
-
-
-def _context(ds, model, states=None, purpose=Purpose.CLIENT_TRAIN) -> ClientContext:
-    rngs = [stream(0, purpose, c, 4) for c in CLIENTS]
-    data = RowData(torch.from_numpy(ds.features().copy()).double(), torch.from_numpy(ds.labels().copy()),
-                   ds.offsets()[np.array(CLIENTS)])
-    return ClientContext(np.array(CLIENTS), rngs, model, data, torch.device("cpu"), states=states)
-
-
-def _grad(theta, x, y):
-    """The mean cross-entropy's gradient of logistic regression (θ = [W (k×d) row-major, b]) by hand."""
-    W, b = theta[:CLASSES * FEATURES].reshape(CLASSES, FEATURES), theta[CLASSES * FEATURES:]
-    logits = x @ W.T + b
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    err = (p - np.eye(CLASSES)[y]) / len(y)
-    return np.concatenate([(err.T @ x).ravel(), err.sum(0)])
-
-
-def test_personal_step_and_upload_by_hand(setup):
+def test_personal_step_and_upload_by_hand(logreg_clients):
     """Client 0 comes back with a kept v, client 1 visits for the first time (v = w). Each takes 2
     FedAvg steps at lr 0.4 (batches of 3, the first draws of its stream) and sends w − w_k; then 3
     personal steps v ← v − 0.3(∇F(v) + 0.5(v − w)) on the next draws, and keeps v."""
-    ds, model, model_cfg = setup
+    ds, model, model_cfg = logreg_clients
     keys = DittoKeys(name="ditto", lr=0.4, local_steps=2, batch_size=3, ditto_lambda=0.5, personal_lr=0.3,
                      personal_steps=3)
     algorithm = Ditto(keys, AlgorithmEnv(model, model_cfg, num_clients=2, seed=0))
     w = model.initial_vector().double()
     kept = w + 0.2 * torch.randn(w.numel(), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    updates = algorithm.client_update([{"params": w}] * 2, _context(ds, model, states=[{"personal": kept}, None]))
+    updates = algorithm.client_update([{"params": w}] * 2, hand_context(ds, model, states=[{"personal": kept}, None]))
 
     x, y = ds.features().astype(np.float64), ds.labels()
-    for c, (lo, _, _) in enumerate(ds.offsets()[CLIENTS]):
+    for c, (lo, _, _) in enumerate(ds.offsets()[HAND_CLIENTS]):
         rng = stream(0, Purpose.CLIENT_TRAIN, c, 4)
-        order = rng.permutation(TRAIN)  # the FedAvg update's batches: 2 × 3 rows of one pass
+        order = rng.permutation(HAND_TRAIN)  # the FedAvg update's batches: 2 × 3 rows of one pass
         theta = w.numpy().copy()
         for s in range(2):
             rows = lo + order[3 * s:3 * s + 3]
-            theta = theta - 0.4 * _grad(theta, x[rows], y[rows])
+            theta = theta - 0.4 * logreg_grad(theta, x[rows], y[rows])
         np.testing.assert_allclose(updates.vector[c].numpy(), w.numpy() - theta, rtol=0, atol=1e-12)
-        order = rng.permutation(TRAIN)  # then the personal steps' batches: 3 × 3 rows of the next pass
+        order = rng.permutation(HAND_TRAIN)  # then the personal steps' batches: 3 × 3 rows of the next pass
         v = (kept if c == 0 else w).numpy().copy()
         for s in range(3):
             rows = lo + order[3 * s:3 * s + 3]
-            v = v - 0.3 * (_grad(v, x[rows], y[rows]) + 0.5 * (v - w.numpy()))
+            v = v - 0.3 * (logreg_grad(v, x[rows], y[rows]) + 0.5 * (v - w.numpy()))
         np.testing.assert_allclose(updates.states["personal"][c].numpy(), v, rtol=0, atol=1e-12)
     assert not torch.allclose(updates.states["personal"][0], updates.states["personal"][1])
 
 
-def test_personalized_evaluation_tests_each_clients_kept_model(setup):
+def test_personalized_evaluation_tests_each_clients_kept_model(logreg_clients):
     """With no adaptation steps, client 0 is tested at its kept v and client 1 (never sampled) at w;
     with one step, each adapts from that start."""
-    ds, model, model_cfg = setup
+    ds, model, model_cfg = logreg_clients
     algorithm = Ditto(DittoKeys(name="ditto", batch_size=4), AlgorithmEnv(model, model_cfg, num_clients=2, seed=0))
     w = model.initial_vector().double()
     kept = w + torch.randn(w.numel(), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     states = [{"personal": kept}, None]
-    tests = algorithm.personalize([{"params": w}] * 2, _context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
+    tests = algorithm.personalize([{"params": w}] * 2, hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
                                   0, 0, 0.1)
     x, y = ds.features().astype(np.float64), ds.labels()
-    for c, (_, lo, hi) in enumerate(ds.offsets()[CLIENTS]):
+    for c, (_, lo, hi) in enumerate(ds.offsets()[HAND_CLIENTS]):
         theta = (kept if c == 0 else w).numpy()
-        W, b = theta[:CLASSES * FEATURES].reshape(CLASSES, FEATURES), theta[CLASSES * FEATURES:]
+        weights = HAND_CLASSES * HAND_FEATURES
+        W, b = theta[:weights].reshape(HAND_CLASSES, HAND_FEATURES), theta[weights:]
         assert tests.test_correct[c] == int(((x[lo:hi] @ W.T + b).argmax(1) == y[lo:hi]).sum())
         assert tests.test_rows[c] == hi - lo
-    ctx = _context(ds, model, states, Purpose.CLIENT_PERSONALIZE)
+    ctx = hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE)
     adapted = algorithm.personalize([{"params": w}] * 2, ctx, 1, 0, 0.1)
-    expected = algorithm.finetune_and_test(_context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
+    expected = algorithm.finetune_and_test(hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
                                            torch.stack([kept, w]), 1, 0, 0.1)
     np.testing.assert_array_equal(adapted.test_loss_sum, expected.test_loss_sum)
 
@@ -136,8 +99,8 @@ def test_the_global_model_is_fedavgs_and_personal_models_are_evaluated(tmp_path)
     assert fedavg["final_personalized_accuracy"] is None  # FedAvg without personalized steps: not evaluated
 
 
-def test_a_task_declares_both_kinds_of_steps(setup):
-    ds, model, model_cfg = setup
+def test_a_task_declares_both_kinds_of_steps(logreg_clients):
+    ds, model, model_cfg = logreg_clients
     sizes, none = np.array([5, 50]), np.zeros(2)
     twice = Ditto(DittoKeys(name="ditto", local_steps=4, batch_size=8), AlgorithmEnv(model, model_cfg, 2, 0))
     assert twice.work(sizes, none, {}).tolist() == [2 * 4 * 5, 2 * 4 * 8]

@@ -11,13 +11,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import small_scenario
+from conftest import hand_context, small_scenario
 from omegaconf import OmegaConf
 from test_bad_input import cli, one_error_line
 from test_resume import StopAfter
 
 import raysim
-from raysim.algorithms import AlgorithmEnv, ClientContext, RowData
+from raysim.algorithms import AlgorithmEnv
 from raysim.algorithms.fedrep import FedPer, FedRep
 from raysim.algorithms.keys import FedPerKeys, FedRepKeys
 from raysim.data import FederatedDataset
@@ -47,13 +47,6 @@ def setup():
     model = build_model(model_cfg, (FEATURES,), CLASSES, seed=1)
     assert model.personal.tolist() == [False] * BODY + [True] * (model.size - BODY)
     return ds, model, model_cfg
-
-
-def _context(ds, model, states=None, purpose=Purpose.CLIENT_TRAIN) -> ClientContext:
-    rngs = [stream(0, purpose, c, 4) for c in CLIENTS]
-    data = RowData(torch.from_numpy(ds.features().copy()).double(), torch.from_numpy(ds.labels().copy()),
-                   ds.offsets()[np.array(CLIENTS)])
-    return ClientContext(np.array(CLIENTS), rngs, model, data, torch.device("cpu"), states=states)
 
 
 def _layers(theta):
@@ -95,7 +88,7 @@ def test_fedrep_alternates_head_then_body_by_hand(setup):
     keys = FedRepKeys(name="fedrep", lr=0.4, local_steps=2, batch_size=3, head_lr=0.3, head_steps=3)
     algorithm = FedRep(keys, AlgorithmEnv(model, model_cfg, num_clients=2, seed=0))
     w, kept = _start(model)
-    updates = algorithm.client_update([{"params": w}] * 2, _context(ds, model, [{"head": kept}, None]))
+    updates = algorithm.client_update([{"params": w}] * 2, hand_context(ds, model, [{"head": kept}, None]))
     assert updates.vector.shape == (2, BODY) and set(updates.states) == {"head"}
 
     x, y = ds.features().astype(np.float64), ds.labels()
@@ -124,7 +117,7 @@ def test_fedper_trains_body_and_head_together_by_hand(setup):
     algorithm = FedPer(FedPerKeys(name="fedper", lr=0.4, local_steps=3, batch_size=3),
                        AlgorithmEnv(model, model_cfg, num_clients=2, seed=0))
     w, kept = _start(model)
-    updates = algorithm.client_update([{"params": w}] * 2, _context(ds, model, [{"head": kept}, None]))
+    updates = algorithm.client_update([{"params": w}] * 2, hand_context(ds, model, [{"head": kept}, None]))
     x, y = ds.features().astype(np.float64), ds.labels()
     for c, (lo, _, _) in enumerate(ds.offsets()[CLIENTS]):
         theta = w.numpy().copy()
@@ -145,7 +138,7 @@ def test_personalized_evaluation_tests_the_body_with_each_clients_head(setup, cl
     algorithm = cls(keys(name=cls.__name__.lower(), batch_size=4), AlgorithmEnv(model, model_cfg, 2, 0))
     w, kept = _start(model)
     states = [{"head": kept}, None]
-    tests = algorithm.personalize([{"params": w}] * 2, _context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
+    tests = algorithm.personalize([{"params": w}] * 2, hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
                                   0, 0, 0.1)
     x, y = ds.features().astype(np.float64), ds.labels()
     for c, (_, lo, hi) in enumerate(ds.offsets()[CLIENTS]):
@@ -153,11 +146,11 @@ def test_personalized_evaluation_tests_the_body_with_each_clients_head(setup, cl
         if c == 0:
             theta[BODY:] = kept.numpy()
         assert tests.test_correct[c] == int((_logits(theta, x[lo:hi]).argmax(1) == y[lo:hi]).sum())
-    ctx = _context(ds, model, states, Purpose.CLIENT_PERSONALIZE)
+    ctx = hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE)
     adapted = algorithm.personalize([{"params": w}] * 2, ctx, 1, 0, 0.1)
     start = w.expand(2, -1).clone()
     start[0, BODY:] = kept
-    expected = algorithm.finetune_and_test(_context(ds, model, states, Purpose.CLIENT_PERSONALIZE), start, 1, 0,
+    expected = algorithm.finetune_and_test(hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE), start, 1, 0,
                                            0.1, only=model.personal)
     np.testing.assert_array_equal(adapted.test_loss_sum, expected.test_loss_sum)
 

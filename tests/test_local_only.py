@@ -8,9 +8,8 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-from conftest import small_scenario
+from conftest import HAND_CLIENTS, HAND_TRAIN, hand_context, logreg_grad, small_scenario
 from test_bad_input import cli, one_error_line
-from test_ditto import CLIENTS, TRAIN, _context, _grad, setup  # noqa: F401  (setup: the fixture)
 
 import raysim
 from raysim.algorithms import AlgorithmEnv
@@ -21,23 +20,23 @@ from raysim.preparation import prepare
 from raysim.streams import Purpose, stream
 
 
-def test_each_client_trains_its_own_model_by_hand(setup):  # noqa: F811
+def test_each_client_trains_its_own_model_by_hand(logreg_clients):
     """Client 0 continues its kept model, client 1 starts from the model it receives; 2 steps at
     lr 0.4 on batches of 3 (the first draws of its stream); an update of no entries is sent."""
-    ds, model, model_cfg = setup
+    ds, model, model_cfg = logreg_clients
     algorithm = LocalOnly(LocalOnlyKeys(name="local_only", lr=0.4, local_steps=2, batch_size=3),
                           AlgorithmEnv(model, model_cfg, num_clients=2, seed=0))
     w = model.initial_vector().double()
     kept = w + 0.2 * torch.randn(w.numel(), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    updates = algorithm.client_update([{"params": w}] * 2, _context(ds, model, [{"model": kept}, None]))
+    updates = algorithm.client_update([{"params": w}] * 2, hand_context(ds, model, [{"model": kept}, None]))
     assert updates.vector.shape == (2, 0) and algorithm.upload_size({}) == 0
     x, y = ds.features().astype(np.float64), ds.labels()
-    for c, (lo, _, _) in enumerate(ds.offsets()[CLIENTS]):
-        order = stream(0, Purpose.CLIENT_TRAIN, c, 4).permutation(TRAIN)
+    for c, (lo, _, _) in enumerate(ds.offsets()[HAND_CLIENTS]):
+        order = stream(0, Purpose.CLIENT_TRAIN, c, 4).permutation(HAND_TRAIN)
         theta = (kept if c == 0 else w).numpy().copy()
         for s in range(2):
             rows = lo + order[3 * s:3 * s + 3]
-            theta = theta - 0.4 * _grad(theta, x[rows], y[rows])
+            theta = theta - 0.4 * logreg_grad(theta, x[rows], y[rows])
         np.testing.assert_allclose(updates.states["model"][c].numpy(), theta, rtol=0, atol=1e-12)
 
 

@@ -122,6 +122,13 @@ MODES = {
                                    "execution.aggregation=fedbuff", "execution.buffer_size=4",
                                    "execution.concurrency=12", "execution.max_updates=40", "eval.every=3",
                                    "eval.personalized_steps=1"],
+    # APFL: v_k and α_k kept per client (α under the unreliable-agent model's coins), the mixtures tested as they
+    # are; pFedMe: the inner solve's θ̃_k kept and tested on the actors
+    "apfl": ["algorithm.name=apfl", "algorithm.local_steps=3", "algorithm.alpha_lr=0.2", "execution.rounds=4",
+             "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2",
+             "system.unreliable.participation.value=0.5"],
+    "pfedme": ["algorithm.name=pfedme", "algorithm.local_steps=3", "algorithm.inner_steps=2", "execution.rounds=4",
+               "execution.clients_per_round=20", "runtime.clients_per_task=3", "eval.every=2", "eval.where=actors"],
     # FedRep and FedPer: heads kept per client, only the body sent; the heads tested at each evaluation (FedRep:
     # as they are, on the actors; FedPer under FedAsync: after a step on the head)
     "fedrep": ["algorithm.name=fedrep", "model.personal=output_layer", "model.personal_state=stateful",

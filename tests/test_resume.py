@@ -77,6 +77,11 @@ CASES = {
     "ditto_fedbuff": STRAGGLERS + ["algorithm.name=ditto", "execution.mode=async", "execution.aggregation=fedbuff",
                                    "execution.buffer_size=4", "execution.concurrency=6", "execution.max_updates=48",
                                    "eval.every=3", "eval.personalized_steps=1"],
+    "apfl": ["algorithm.name=apfl", "execution.rounds=8", "execution.clients_per_round=6",
+             "eval.every=2"],  # v_k and α_k kept, the mixtures evaluated
+    "pfedme_fedbuff": STRAGGLERS + ["algorithm.name=pfedme", "algorithm.inner_steps=2", "execution.mode=async",
+                                    "execution.aggregation=fedbuff", "execution.buffer_size=4",
+                                    "execution.concurrency=6", "execution.max_updates=48", "eval.every=3"],
     "fedrep_fedbuff": STRAGGLERS + ["algorithm.name=fedrep", "model.personal=output_layer",
                                     "model.personal_state=stateful", "algorithm.head_steps=2", "execution.mode=async",
                                     "execution.aggregation=fedbuff", "execution.buffer_size=4",

@@ -294,11 +294,16 @@ class Algorithm:
         """The step size of personalized evaluation when ``eval.personalized_lr`` is null."""
         return self.cfg.lr
 
+    def personal_start(self, payloads: list, ctx: ClientContext) -> torch.Tensor:
+        """[C, P]: the model each client's personalized evaluation starts from: the one it receives
+        (an algorithm whose clients keep models of their own starts from those)."""
+        return ctx.start(payloads)
+
     def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float,
                     adapt_on: str = "train") -> ClientTests:
-        """Fine-tune the whole model (``steps`` SGD steps, or ``epochs`` local epochs when > 0) on
-        each client's ``adapt_on`` rows, then test it there."""
-        return self.finetune_and_test(ctx, ctx.start(payloads), steps, epochs, lr, adapt_on=adapt_on)
+        """Fine-tune the whole model from :meth:`personal_start` (``steps`` SGD steps, or ``epochs``
+        local epochs when > 0; none when both are 0) on each client's ``adapt_on`` rows, then test it there."""
+        return self.finetune_and_test(ctx, self.personal_start(payloads, ctx), steps, epochs, lr, adapt_on=adapt_on)
 
     def finetune_and_test(self, ctx: ClientContext, start: torch.Tensor, steps: int, epochs: int, lr: float,
                           only: torch.Tensor | None = None, adapt_on: str = "train") -> ClientTests:

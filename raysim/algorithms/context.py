@@ -75,17 +75,19 @@ class ClientContext:
                          plan, self.device, self.label_flip)
 
     def transform(self, plan: StepPlan, lr, *terms: transforms.ClientTransform, weight_decay: float = 0.0,
-                  max_grad_norm: float | None = None, only: torch.Tensor | None = None) -> transforms.ClientTransform:
+                  max_grad_norm: float | None = None, only: torch.Tensor | None = None,
+                  noise: bool = True) -> transforms.ClientTransform:
         """The chain of a local step: the algorithm's ``terms`` (proximal, correction), gradient
-        clipping, weight decay, the unreliable-agent model's noise and participation scaling, a mask of the
-        entries that move (``only``), and the step size ``lr`` (divided by each client's number of
-        local steps E_k with ``normalize_steps``)."""
+        clipping, weight decay, the unreliable-agent model's noise (unless ``noise`` is false: a step
+        along no gradient of the data, such as APFL's α or pFedMe's outer step) and participation
+        scaling, a mask of the entries that move (``only``), and the step size ``lr`` (divided by
+        each client's number of local steps E_k with ``normalize_steps``)."""
         parts = list(terms)
         if max_grad_norm is not None:
             parts.append(transforms.clip_by_norm(max_grad_norm))
         if weight_decay:
             parts.append(transforms.add_weight_decay(weight_decay))
-        if self.noise is not None:
+        if noise and self.noise is not None:
             parts.append(transforms.add_noise(*self.noise, self.rngs))
         if plan.participation is not None:
             parts.append(transforms.scale_by_participation(plan.participation.to(self.device)))

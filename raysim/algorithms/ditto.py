@@ -22,7 +22,7 @@ from raysim.algorithms.keys import DittoKeys
 from raysim.algorithms.local import local_train
 from raysim.algorithms.oracles import StepPlan
 from raysim.algorithms.transforms import add_proximal
-from raysim.algorithms.updates import ClientTests, ClientUpdates
+from raysim.algorithms.updates import ClientUpdates
 
 
 class Ditto(FedAvg):
@@ -69,12 +69,9 @@ class Ditto(FedAvg):
         updates.states = {"personal": v.detach().cpu()}
         return updates
 
-    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float,
-                    adapt_on: str = "train") -> ClientTests:
-        """Test each client's personal model (w where it has none yet), after ``steps`` or
-        ``epochs`` of plain SGD from it (none when both are 0)."""
-        start = ctx.kept("personal", ctx.start(payloads))
-        return self.finetune_and_test(ctx, start, steps, epochs, lr, adapt_on=adapt_on)
+    def personal_start(self, payloads: list, ctx: ClientContext) -> torch.Tensor:
+        """Each client's personal model (w where it has none yet)."""
+        return ctx.kept("personal", ctx.start(payloads))
 
     def work(self, sizes: np.ndarray, client_steps: np.ndarray, payload: dict) -> np.ndarray:
         """The FedAvg update's samples plus the personal steps' (as many, unless ``personal_steps`` is set)."""

@@ -24,8 +24,8 @@ from raysim.errors import ScenarioError
 from raysim.algorithms.aggregator_catalog import RULES, using
 from raysim.importing import import_callable
 from raysim.robust_f import default_f, largest_f
-from raysim.schema import (Check, decay_factor, key, non_negative, non_negative_int, one_of, open_unit_interval,
-                           positive, positive_int, unit_interval, when)
+from raysim.schema import (Check, closed_unit_interval, decay_factor, key, non_negative, non_negative_int, one_of,
+                           open_unit_interval, positive, positive_int, unit_interval, when)
 from raysim.system.config import byzantine_count
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi", "adagrad")
@@ -384,6 +384,44 @@ class DittoKeys(FedAvgKeys):
         whole_model_personalization(cfg)
 
 
+@dataclass
+class APFLKeys(FedAvgKeys):
+    """APFL: FedAvg for the global model w, and per client a local model v mixed with w by a learned weight α."""
+
+    apfl_alpha: float = key(0.25, "α's value at a client's first visit: its personalized model is α·v + (1 − α)·w",
+                            check=closed_unit_interval)
+    adaptive_alpha: bool = key(True, "learn each client's α by gradient steps on its loss (false: α stays apfl_alpha)")
+    alpha_lr: Optional[float] = key(None, "η_α, the step size of α's steps (null: lr)", check=positive,
+                                    when=when("adaptive_alpha", True))
+
+    @staticmethod
+    def check(cfg) -> None:
+        whole_model_personalization(cfg)
+
+
+@dataclass
+class PFedMeKeys(FedAvgKeys):
+    """pFedMe: local steps along the Moreau envelope's gradient λ(w − θ̃), θ̃ each client's personal model."""
+
+    server_lr: float = key(1.0, "β: the server moves w ← (1 − β)·w + β·(mean of the clients' local models), i.e. "
+                                "w ← w − β·(aggregated update) after the server optimizer", check=positive)
+    pfedme_lambda: float = key(15.0, "λ: the personal model θ̃ minimises f(θ; batch) + (λ/2)‖θ − w‖², w the "
+                                     "client's local model; the local step is w ← w − lr·λ(w − θ̃)", check=positive)
+    inner_steps: int = key(5, "K, gradient steps of the personal problem per local step (on its one minibatch)",
+                           check=positive_int)
+    personal_lr: float = key(0.1, "the step size of the K inner steps; also the default step of personalized "
+                                  "evaluation", check=positive)
+
+    @staticmethod
+    def check(cfg) -> None:
+        whole_model_personalization(cfg)
+        a = cfg.algorithm
+        if a.lr * a.pfedme_lambda > 1:
+            raise ScenarioError("algorithm.lr", a.lr, f"at most 1/pfedme_lambda = {1 / a.pfedme_lambda:g} for "
+                                                      "algorithm.name=pfedme (a local step w ← w − lr·λ(w − θ̃) "
+                                                      "past the personal model θ̃)")
+
+
 def _needs_rows(cfg) -> None:
     """A personalization baseline's personal models are judged by personalized evaluation, which
     the quadratic problem does not have."""
@@ -394,7 +432,7 @@ def _needs_rows(cfg) -> None:
 
 
 def whole_model_personalization(cfg) -> None:
-    """An algorithm whose clients keep whole models of their own (Ditto) needs row data, whose
+    """An algorithm whose clients keep whole models of their own (Ditto, APFL, pFedMe, local-only) needs row data, whose
     personalized evaluation tests those models, and no personal split of the model."""
     a, m = cfg.algorithm, cfg.model
     _needs_rows(cfg)

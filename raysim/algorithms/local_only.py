@@ -9,7 +9,7 @@ from raysim.algorithms.base import Algorithm
 from raysim.algorithms.context import ClientContext
 from raysim.algorithms.keys import LocalOnlyKeys
 from raysim.algorithms.local import local_train
-from raysim.algorithms.updates import ClientTests, ClientUpdates
+from raysim.algorithms.updates import ClientUpdates
 
 NOTHING = torch.zeros(0, dtype=torch.long)
 
@@ -30,7 +30,7 @@ class LocalOnly(Algorithm):
     def update_index(self) -> torch.Tensor:
         return NOTHING
 
-    def own_models(self, payloads: list, ctx: ClientContext) -> torch.Tensor:
+    def personal_start(self, payloads: list, ctx: ClientContext) -> torch.Tensor:
         """[C, P]: each client's kept model, or the model it receives (the initial one) on its first visit."""
         return ctx.kept("model", ctx.start(payloads))
 
@@ -38,10 +38,6 @@ class LocalOnly(Algorithm):
         cfg = self.cfg
         plan = ctx.plan_from(cfg)
         step = ctx.transform(plan, self.local_lr(), weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
-        result = local_train(self.own_models(payloads, ctx), ctx.oracle(plan), step)
+        result = local_train(self.personal_start(payloads, ctx), ctx.oracle(plan), step)
         return ctx.updates(result, result.params[:, :0], states={"model": result.params})
 
-    def personalize(self, payloads: list, ctx: ClientContext, steps: int, epochs: int, lr: float,
-                    adapt_on: str = "train") -> ClientTests:
-        """Test each client's own model, after ``steps`` or ``epochs`` of SGD (none when both are 0)."""
-        return self.finetune_and_test(ctx, self.own_models(payloads, ctx), steps, epochs, lr, adapt_on=adapt_on)

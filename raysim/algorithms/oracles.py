@@ -43,6 +43,14 @@ class StepPlan:
     def num_steps(self) -> int:
         return int(self.active.shape[0])
 
+    def repeated(self, s: int, times: int) -> "StepPlan":
+        """Step ``s`` taken ``times`` times on its minibatch, by the clients active at it and
+        without coins (pFedMe's inner solve on one minibatch)."""
+        active = self.active[s].expand(times, -1)
+        rows = None if self.rows is None else self.rows[s].expand(times, -1, -1)
+        mask = None if self.mask is None else self.mask[s].expand(times, -1, -1)
+        return StepPlan(times * self.active[s].numpy().astype(np.int64), active, None, rows, mask)
+
 
 @dataclass(frozen=True)
 class Participation:

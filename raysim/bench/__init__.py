@@ -116,7 +116,8 @@ COMPRESSION = {"topk_1pct_ef": ("communication.uplink.kind=topk", "communication
                "secagg": ("communication.secure_aggregation.protocol=secagg",)}
 PERSONAL_HEAD = ("model.personal=output_layer", "model.personal_state=stateful")
 PERSONALIZATION = {"ditto": ("algorithm.name=ditto",), "fedper": ("algorithm.name=fedper", *PERSONAL_HEAD),
-                   "fedrep": ("algorithm.name=fedrep", *PERSONAL_HEAD), "local_only": ("algorithm.name=local_only",)}
+                   "fedrep": ("algorithm.name=fedrep", *PERSONAL_HEAD), "local_only": ("algorithm.name=local_only",),
+                   "apfl": ("algorithm.name=apfl",), "pfedme": ("algorithm.name=pfedme",)}
 STAGE_BENCHES = {"privacy": {"central_dp": CENTRAL_DP}, "compression": COMPRESSION,
                  "personalization": PERSONALIZATION}  # raysim bench --NAME: W1 with each variant against W1
 STAGE_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few

@@ -300,7 +300,8 @@ class EvalConfig:
                         "which is always evaluated", check=non_negative_int)
     personalized_steps: int = key(0, "> 0: also adapt the global model on each client with this many local steps, "
                                      "then test it (personalized_accuracy*); an algorithm whose clients keep models "
-                                     "of their own (ditto) tests those, after these steps (0: as they are)",
+                                     "of their own (ditto, apfl, pfedme, …) tests those, after these steps (0: as "
+                                     "they are)",
                                   check=non_negative_int)
     personalized_lr: Optional[float] = key(None, "step size of the personalization steps (null: the algorithm's "
                                                  "adaptation step: Per-FedAvg's inner_lr, FFGG's personal_lr, "
