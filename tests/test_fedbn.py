@@ -17,7 +17,7 @@ import raysim
 from raysim.errors import ScenarioError
 from raysim.models import build_model
 from raysim.models.flat import FlatModel
-from raysim.models.split import init_personal, personal_mask
+from raysim.models.split import describe_split, init_personal, personal_mask
 from raysim.scenario import ModelConfig
 
 FEDBN = ["algorithm.name=fedbn", "model.personal=normalization", "model.personal_state=stateful"]
@@ -31,12 +31,11 @@ def _norm_mask() -> torch.Tensor:
 
 
 def test_the_normalization_split_is_every_norm_layers_weight_and_bias():
-    model = build_model(OmegaConf.structured(ModelConfig(kind="bn_cnn", personal="normalization")), (1, 8, 8), 10, 0)
-    personal = [name for name, n, start in zip(model.names, model.numels, [0, *torch.tensor(model.numels).cumsum(0)])
-                if model.personal[int(start)]]
-    assert personal == [f"features.{i}.{leaf}" for i in (1, 5, 9) for leaf in ("weight", "bias")] + \
+    split = describe_split(build_model(OmegaConf.structured(ModelConfig(kind="bn_cnn")), (1, 8, 8), 10, 0).module,
+                           _norm_mask())
+    assert split["personal_names"] == [f"features.{i}.{leaf}" for i in (1, 5, 9) for leaf in ("weight", "bias")] + \
         [f"classifier.{i}.{leaf}" for i in (2, 5) for leaf in ("weight", "bias")]
-    assert int(model.personal.sum()) == 2 * (16 + 16 + 32 + 512 + 128)
+    assert split["personal"] == 2 * (16 + 16 + 32 + 512 + 128)
     module = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 6), nn.GroupNorm(2, 6), nn.Linear(6, 2))
     assert personal_mask(module, "normalization").tolist() == [False] * 16 + [True] * 8 + [False] * 30 + \
         [True] * 12 + [False] * 14
@@ -54,9 +53,9 @@ def _vector(module: nn.Module) -> torch.Tensor:
 
 def test_fedbn_keeps_normalization_on_the_clients_and_averages_the_rest_as_fedavg(tmp_path):
     """After one round of 6 clients: FedBN's server model has its initial normalization entries and
-    FedAvg's entries elsewhere (both rounds start from the same model, FedBN's clients from the
-    initial normalization layers); each sampled client keeps normalization layers of its own, and
-    the server's are still the initial ones after a round in the run state."""
+    FedAvg's entries elsewhere, to the byte (both rounds start from the same model, FedBN's clients
+    from the initial normalization layers); each sampled client keeps normalization layers of its
+    own, and the server's are still the initial ones after a round in the run state."""
     norm = _norm_mask()
     fedbn = raysim.run(small_scenario(tmp_path / "fedbn", *DIGITS, *FEDBN, "execution.rounds=1"))
     fedavg = raysim.run(small_scenario(tmp_path / "fedavg", *DIGITS, "execution.rounds=1"))
@@ -65,7 +64,7 @@ def test_fedbn_keeps_normalization_on_the_clients_and_averages_the_rest_as_fedav
     assert torch.equal(server[norm], initial[norm])  # never averaged
     assert not torch.equal(averaged[norm], initial[norm])  # FedAvg moves them
     assert not torch.equal(server[~norm], initial[~norm])
-    torch.testing.assert_close(server[~norm], averaged[~norm], rtol=0, atol=1e-6)
+    assert torch.equal(server[~norm], averaged[~norm])  # FedAvg's rule, to the byte
 
     state, events = checkpointed(tmp_path / "kept", *DIGITS, *FEDBN)
     sampled = sorted({e["client_id"] for e in events if e["status"] == "applied"})
