@@ -21,7 +21,7 @@ from raysim.importing import import_object
 
 ACTIVATIONS = ("elu", "relu", "sigmoid", "tanh")
 
-PERSONAL_MODES = ("none", "input_layer", "output_layer", "adapter")
+PERSONAL_MODES = ("none", "input_layer", "output_layer", "adapter", "normalization")
 PERSONAL_INITS = ("random", "zero", "global")
 
 
@@ -57,6 +57,8 @@ ALGORITHMS = {  # the one registry of built-ins
     "pfedme": BuiltinAlgorithm("raysim.algorithms.pfedme:PFedMe", keys.PFedMeKeys, kept_vectors=1),
     "fedper": BuiltinAlgorithm("raysim.algorithms.fedrep:FedPer", keys.FedPerKeys, keeps_personal=True),
     "fedrep": BuiltinAlgorithm("raysim.algorithms.fedrep:FedRep", keys.FedRepKeys, keeps_personal=True),
+    "fedbn": BuiltinAlgorithm("raysim.algorithms.fedrep:FedBN", keys.FedBNKeys, keeps_personal=True),
+    "lg_fedavg": BuiltinAlgorithm("raysim.algorithms.fedrep:LGFedAvg", keys.LGFedAvgKeys, keeps_personal=True),
     "local_only": BuiltinAlgorithm("raysim.algorithms.local_only:LocalOnly", keys.LocalOnlyKeys, kept_vectors=1),
 }
 
@@ -160,6 +162,9 @@ def check_init(personal, how: str) -> None:
     if how == "zero" and personal == "adapter":
         raise ScenarioError("model.personal_init", how,
                             "random or global with model.personal=adapter (a zero LoRA pair has zero gradient)")
+    if how == "zero" and personal == "normalization":
+        raise ScenarioError("model.personal_init", how, "random or global with model.personal=normalization (a zero "
+                                                        "normalization weight silences its layer)")
 
 
 def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: str | None = None) -> None:
@@ -184,6 +189,10 @@ def check_model_data(kind: str, feature_shape: tuple, num_classes: int, source: 
     if kind == "femnist_cnn" and shape != list(FEMNIST_SHAPE):
         raise ScenarioError("model.kind", kind, "28x28 grey-scale images of shape [1, 28, 28] (leaf FEMNIST, mnist, "
                             f"fashion_mnist; synthetic_images with data.image_shape=[1,28,28]) {seen}")
+    if kind == "bn_cnn" and (len(shape) != 3 or min(shape[1:]) < 4):
+        raise ScenarioError("model.kind", kind, "image data of shape [channels, height, width], height and width at "
+                            "least 4 (digits, mnist, fashion_mnist, cifar10, cifar100, leaf FEMNIST, synthetic_images, "
+                            f"or parquet with data.image_shape set) {seen}")
     if kind == "resnet18_gn" and len(shape) != 3:
         raise ScenarioError("model.kind", kind, "image data of shape [channels, height, width] (cifar10, cifar100, "
                             f"synthetic_images, or parquet with data.image_shape set) {seen}")
@@ -212,6 +221,7 @@ class ModelKind(typing.NamedTuple):
 
     doc: str
     layout: typing.Callable
+    normalization: bool = False  # it has normalization layers (BatchNorm, GroupNorm, LayerNorm): FedBN's split
 
 
 def _logreg(m, features: tuple, classes: int) -> tuple:
@@ -233,6 +243,17 @@ def _cnn(m, features: tuple, classes: int) -> tuple:
             height, width = height // 2, width // 2  # max-pooling
         channels = out
     return body, widths, [channels * height * width, classes]
+
+
+def _bn_cnn(m, features: tuple, classes: int) -> tuple:
+    """FedBN's digits CNN at a quarter of its widths: 5x5 convolutions 16, 16, 32 (with biases), each
+    with BatchNorm2d (γ, β), the first two 2x2 max-pooled; dense 512 and 128, each with BatchNorm1d."""
+    if len(features) != 3 or min(features[1:]) < 4:  # refused by check_model_data
+        return _logreg(m, features, classes)
+    channels, height, width = features
+    body = sum(25 * n_in * out + out + 2 * out for n_in, out in ((channels, 16), (16, 16), (16, 32))) + 2 * (512 + 128)
+    widths = [16 * height * width, 16 * (height // 2) * (width // 2), 32 * (height // 4) * (width // 4), 512, 128]
+    return body, widths, [32 * (height // 4) * (width // 4), 512, 128, classes]
 
 
 def _quadratic(m, features: tuple, classes: int) -> tuple:
@@ -277,7 +298,10 @@ MODELS = {
     "femnist_cnn": ModelKind("LEAF/FedAvg CNN for [1, 28, 28] images: 5x5 convs 32, 64 with max-pooling, dense 2048",
                              _femnist_cnn),
     "resnet18_gn": ModelKind("CIFAR ResNet-18 with GroupNorm (2 groups), as FedACG's; [channels, height, width] "
-                             "images", _resnet18_gn),
+                             "images", _resnet18_gn, normalization=True),
+    "bn_cnn": ModelKind("FedBN's digits CNN at 1/4 width: 5x5 convs 16, 16, 32 with BatchNorm (batch statistics), "
+                        "dense 512, 128 with BatchNorm; [channels, height, width] images, sides >= 4", _bn_cnn,
+                        normalization=True),
 }
 
 

@@ -455,8 +455,9 @@ def parser() -> argparse.ArgumentParser:
                        help="W1 (60 rounds) with top-k 1%% and error feedback, with QSGD and with secure "
                             "aggregation, against W1: the stages' cost")
     bench.add_argument("--personalization", action="store_true",
-                       help="W1 (60 rounds) with Ditto, FedPer, FedRep, APFL, pFedMe and local-only training "
-                            "against FedAvg: each baseline's cost per client update")
+                       help="W1 (60 rounds) with Ditto, FedPer, FedRep, LG-FedAvg, APFL, pFedMe and local-only "
+                            "training against FedAvg, and FedBN against FedAvg on W1 with the digits and the "
+                            "BatchNorm CNN: each baseline's cost per client update")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--baseline", metavar="DIR",

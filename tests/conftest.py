@@ -52,6 +52,23 @@ def small_overrides(tmp_path, *overrides, backend="local") -> list:
     return base + list(overrides)
 
 
+def checkpointed(tmp_path, *overrides) -> tuple:
+    """The run state a small run checkpoints after its first round (of 3), and that round's events."""
+    import io
+
+    import pyarrow.parquet as pq
+    import raysim
+    import torch
+    from test_resume import StopAfter
+
+    cfg = small_scenario(tmp_path, *overrides, "execution.rounds=3", "output.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        raysim.run(cfg, progress=StopAfter(1))
+    outer = torch.load(tmp_path / "out/checkpoint.pt", weights_only=True)
+    state = torch.load(io.BytesIO(outer["body"]), weights_only=True)["state"]
+    return state, pq.read_table(tmp_path / "out/events.parquet").to_pylist()
+
+
 def init_session_ray():
     """Start the test session's embedded Ray (RAY_CPUS logical CPUs, RAY_GPUS logical GPUs)."""
     import ray

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import small_scenario
 
+from raysim.bench import SCENARIOS, STAGE_BENCHES, STAGE_ROUNDS
 from raysim.engine.run import Tally
 from raysim.engine.runtime import LocalRuntime
 from raysim.engine.payloads import MAX_HANDLES
@@ -318,3 +319,12 @@ def test_bench_counts_below_one_are_one_error_line(tmp_path, capsys, extra, line
     assert main(["bench", "--out", str(tmp_path / "out"), *extra]) == 2
     assert capsys.readouterr() == ("", line + "\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bench, variant", [(bench, variant) for bench, variants in STAGE_BENCHES.items()
+                                             for variant in variants])
+def test_every_stage_bench_variant_is_a_valid_w1_scenario(tmp_path, capsys, bench, variant):
+    from raysim.cli import main
+
+    overrides = [*STAGE_ROUNDS, *STAGE_BENCHES[bench][variant], f"output.dir={tmp_path}/out"]
+    assert main(["validate", str(SCENARIOS / "w1.yaml"), *overrides]) == 0, capsys.readouterr().err

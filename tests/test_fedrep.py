@@ -5,16 +5,12 @@ declares, and the bad-input lines."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import hand_context, small_scenario
+from conftest import checkpointed, hand_context, small_scenario
 from omegaconf import OmegaConf
 from test_bad_input import cli, one_error_line
-from test_resume import StopAfter
 
 import raysim
 from raysim.algorithms import AlgorithmEnv
@@ -169,16 +165,6 @@ def test_a_task_declares_head_and_body_steps(setup):
     assert fedrep.upload_size({}) == fedper.upload_size({}) == BODY  # the body only
 
 
-def _checkpointed(tmp_path, *overrides):
-    """The run state a run checkpoints after its first round, and that round's events."""
-    cfg = small_scenario(tmp_path, *overrides, "execution.rounds=3", "output.checkpoint_every=1")
-    with pytest.raises(KeyboardInterrupt):
-        raysim.run(cfg, progress=StopAfter(1))
-    outer = torch.load(tmp_path / "out/checkpoint.pt", weights_only=True)
-    state = torch.load(io.BytesIO(outer["body"]), weights_only=True)["state"]
-    return state, pq.read_table(tmp_path / "out/events.parquet").to_pylist()
-
-
 @pytest.mark.parametrize("name, split, kept, size", [("fedrep", SPLIT, "head", 16 * 10 + 10),
                                                       ("fedper", SPLIT, "head", 16 * 10 + 10),
                                                       ("ditto", [], "personal", 60 * 16 + 16 + 16 * 10 + 10)])
@@ -186,7 +172,7 @@ def test_kept_state_is_in_the_run_state_for_the_sampled_clients_only(tmp_path, n
     """After a round (checkpointed), the run state holds the kept state (FedRep's and FedPer's head,
     Ditto's whole personal model) of exactly the clients that round sampled (60 features, 16 hidden
     units, 10 classes)."""
-    state, events = _checkpointed(tmp_path, f"algorithm.name={name}", *split, "algorithm.local_steps=2")
+    state, events = checkpointed(tmp_path, f"algorithm.name={name}", *split, "algorithm.local_steps=2")
     sampled = {e["client_id"] for e in events if e["status"] == "applied"}
     assert state["version"] == 1 and len(sampled) == 12  # of 40 clients
     assert set(state["client_state"]) == sampled

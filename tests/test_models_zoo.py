@@ -1,4 +1,4 @@
-"""The benchmark models of :mod:`raysim.models.zoo` (char_lstm, femnist_cnn, resnet18_gn): their
+"""The benchmark models of :mod:`raysim.models.zoo` (char_lstm, femnist_cnn, resnet18_gn, bn_cnn): their
 sizes against the papers' figures, vectorized evaluation of a batch of clients, the hand-written
 LSTM against ``nn.LSTM``, determinism, the refusal of data they cannot take, and short runs."""
 
@@ -27,7 +27,7 @@ from raysim.models import build_model
 from raysim.models.zoo import lstm_last_hidden
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = {"char_lstm": (80,), "femnist_cnn": (1, 28, 28), "resnet18_gn": (3, 32, 32)}
+SHAPES = {"char_lstm": (80,), "femnist_cnn": (1, 28, 28), "resnet18_gn": (3, 32, 32), "bn_cnn": (1, 8, 8)}
 
 
 def _build(kind: str, shape=None, classes: int = 10, seed: int = 0):
@@ -69,6 +69,27 @@ def _resnet_count(classes: int, channels: int = 3) -> int:
     return count + 512 * classes + classes
 
 
+def _bn_cnn_count(classes: int, side: int, channels: int = 1) -> int:
+    """FedBN's DigitModel at 1/4 width: 5x5 convolutions c→16→16→32 (+bias), each with BatchNorm2d
+    (γ, β); max-pooling twice (side/4 left); dense 32·(side/4)² → 512 → 128 (+bias), each with
+    BatchNorm1d; output 128 → K."""
+    convs = (25 * channels * 16 + 16) + (25 * 16 * 16 + 16) + (25 * 16 * 32 + 32) + 2 * (16 + 16 + 32)
+    dense = (32 * (side // 4) ** 2 * 512 + 512) + (512 * 128 + 128) + 2 * (512 + 128)
+    return convs + dense + 128 * classes + classes
+
+
+@pytest.mark.parametrize("kind, shape, classes, expected", [
+    ("bn_cnn", (1, 8, 8), 10, 154_074),  # digits
+    ("bn_cnn", (1, 28, 28), 10, 891_354),  # MNIST
+])
+def test_bn_cnn_parameter_count_is_its_architectures(kind, shape, classes, expected):
+    assert _bn_cnn_count(classes, shape[1], shape[0]) == expected
+    model = _build(kind, shape, classes)
+    assert model.size == expected
+    assert not list(model.module.buffers())  # BatchNorm without running statistics
+    assert model.batch_statistics
+
+
 @pytest.mark.parametrize("kind, classes, expected", [
     ("char_lstm", 80, 819_920),  # LEAF's TensorFlow cell has one bias per layer: 817,872
     ("femnist_cnn", 62, 6_603_710),  # LEAF FEMNIST
@@ -84,7 +105,8 @@ def test_parameter_counts_are_the_papers(kind, classes, expected):
     assert not list(model.module.buffers())  # nothing but parameters: no running statistics to average
 
 
-@pytest.mark.parametrize("kind, classes", [("char_lstm", 80), ("femnist_cnn", 62), ("resnet18_gn", 10)])
+@pytest.mark.parametrize("kind, classes", [("char_lstm", 80), ("femnist_cnn", 62), ("resnet18_gn", 10),
+                                           ("bn_cnn", 10)])
 def test_vmap_over_three_clients_equals_three_single_passes(kind, classes):
     model = _build(kind, classes=classes)
     gen = torch.Generator().manual_seed(2)
@@ -129,6 +151,7 @@ def test_initial_vector_is_determined_by_the_seed(kind):
     ("femnist_cnn", (3, 32, 32)), ("femnist_cnn", (784,)), ("femnist_cnn", (1, 8, 8)),
     ("char_lstm", (1, 28, 28)), ("char_lstm", (60,)),
     ("resnet18_gn", (60,)), ("resnet18_gn", (32, 32)),
+    ("bn_cnn", (64,)), ("bn_cnn", (1, 2, 8)),
 ])
 def test_features_of_the_wrong_shape_are_refused(kind, shape):
     with pytest.raises(ScenarioError) as caught:
@@ -181,6 +204,7 @@ def test_wrong_data_is_refused_before_ray_starts(tmp_path):
     (["data.kind=synthetic_images", "model.kind=char_lstm"], [3, 32, 32]),
     (["data.kind=gaussian_mixture", "model.kind=cnn"], [60]),
     (["data.kind=gaussian_mixture", "model.kind=resnet18_gn"], [60]),
+    (["data.kind=gaussian_mixture", "model.kind=bn_cnn"], [60]),
 ])
 def test_prepare_refuses_the_wrong_shape_before_meanwhile(tmp_path, overrides, shape):
     cfg = load_scenario(None, ["runtime.backend=local", "data.num_clients=4", "execution.clients_per_round=4",
@@ -234,3 +258,26 @@ def test_resnet18_gn_runs_a_round(tmp_path):
                            "execution.clients_per_round=2", "algorithm.batch_size=4", "algorithm.lr=0.01")
     assert summary["status"] == "completed"
     assert np.isfinite(rounds["train_loss"][0]) and np.isfinite(rounds["test_loss"][0])
+
+
+def test_bn_cnn_trains_on_digits_above_chance(tmp_path):
+    summary, rounds = _run(tmp_path, "bn", "data.kind=digits", "data.num_clients=10", "model.kind=bn_cnn",
+                           "execution.rounds=4", "execution.clients_per_round=10", "algorithm.local_steps=5",
+                           "algorithm.batch_size=16", "algorithm.lr=0.05")
+    assert summary["status"] == "completed"
+    assert rounds["train_loss"][-1] < rounds["train_loss"][0]
+    assert summary["final_test_accuracy"] > 0.5  # chance: 0.1
+
+
+def test_bn_cnn_tests_each_client_on_a_batch_of_its_own_rows():
+    """Batch statistics: a client's test figures are those of its rows alone, whoever shares its task."""
+    from raysim.algorithms import RowData
+    from raysim.engine.evaluation import client_tests
+
+    model = _build("bn_cnn")
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(9, 1, 8, 8, generator=gen), torch.randint(0, 10, (9,), generator=gen)
+    offsets = np.array([[0, 2, 5], [5, 6, 9]])  # client 0: train 0-1, test 2-4; client 1: train 5, test 6-8
+    both = client_tests(model, model.initial_vector(), RowData(x, y, offsets), np.array([0, 1]))
+    alone = client_tests(model, model.initial_vector(), RowData(x[5:], y[5:], offsets[1:] - 5), np.array([1]))
+    assert both.test_loss_sum[1] == alone.test_loss_sum[0] and both.test_correct[1] == alone.test_correct[0]

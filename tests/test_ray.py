@@ -139,6 +139,12 @@ MODES = {
                                      "model.personal_state=stateful", "execution.mode=async",
                                      "execution.concurrency=12", "execution.max_updates=40", "eval.every=10",
                                      "eval.personalized_steps=1", "system.unreliable.participation.value=0.5"],
+    # FedBN: the BatchNorm CNN's normalization layers kept per client; the server model tested on the actors, on
+    # batches of one client's rows (batch statistics)
+    "fedbn": ["algorithm.name=fedbn", "model.personal=normalization", "model.personal_state=stateful",
+              "data.kind=digits", "data.num_clients=20", "model.kind=bn_cnn", "algorithm.local_steps=2",
+              "algorithm.batch_size=8", "execution.rounds=2", "execution.clients_per_round=12",
+              "runtime.clients_per_task=2", "eval.every=2", "eval.where=actors"],
     # local-only training: updates of no entries, each client's own model kept and tested
     "local_only_fedbuff": STRAGGLERS + ["algorithm.name=local_only", "execution.mode=async",
                                         "execution.aggregation=fedbuff", "execution.buffer_size=4",

@@ -1,12 +1,13 @@
-"""FedPer and FedRep: a shared body averaged by the server, a personal head kept by each client.
+"""FedPer, FedRep, FedBN and LG-FedAvg: a shared body averaged by the server, a personal part kept by
+each client.
 
 FedPer (Arivazhagan, Aggarwal, Singh, Choudhary, "Federated Learning with Personalization
 Layers", 2019) trains body and head together on the client; FedRep (Collins, Hassani,
 Mokhtari, Shakkottai, "Exploiting Shared Representations for Personalized Federated Learning",
 ICML 2021) first trains the head with the body fixed, then the body with the head fixed. Both
 send the body's update only and keep the head (kept state ``head``). The split is the model's
-(``model.personal``: the head is ``output_layer``; with ``input_layer`` the personal part is the
-representation instead, as in LG-FedAvg).
+(``model.personal``: the head is ``output_layer``). FedBN and LG-FedAvg are FedPer's rule on
+their own splits: the normalization layers (FedBN), the input-side representation (LG-FedAvg).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from raysim.algorithms.base import Algorithm
 from raysim.algorithms.context import ClientContext
-from raysim.algorithms.keys import FedPerKeys, FedRepKeys
+from raysim.algorithms.keys import FedBNKeys, FedPerKeys, FedRepKeys, LGFedAvgKeys
 from raysim.algorithms.local import LocalResult, local_train
 from raysim.algorithms.updates import ClientTests, ClientUpdates
 from raysim.models.split import init_personal
@@ -106,3 +107,22 @@ class FedRep(FedPer):
         head = np.where(client_steps > 0, client_steps * per_step,
                         self.cfg.head_epochs * sizes if steps is None else steps * per_step)
         return self.local_samples(sizes, client_steps) + head.astype(np.float64)
+
+
+class FedBN(FedPer):
+    """FedBN (Li, Jiang, Zhang, Kamp, Dou, "FedBN: Federated Learning on Non-IID Features via Local
+    Batch Normalization", ICLR 2021): FedPer's rule with ``model.personal: normalization``. Client k
+    trains the whole model from the received θ with its kept normalization weights and biases (on a
+    first visit, the initial model's: the server never moves them), sends the update of every other
+    entry and keeps its own normalization layers; the server averages the rest as FedAvg does."""
+
+    Keys = FedBNKeys
+
+
+class LGFedAvg(FedPer):
+    """LG-FedAvg (Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov, Morency, "Think Locally,
+    Act Globally: Federated Learning with Local and Global Representations", 2020): FedPer's rule
+    with the personal part on the input side (``model.personal: input_layer`` or name patterns):
+    each client keeps its local representation, and the layers above it are averaged."""
+
+    Keys = LGFedAvgKeys

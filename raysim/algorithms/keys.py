@@ -469,9 +469,39 @@ class FedRepKeys(FedAvgKeys):
         kept_personal_part(cfg)
 
 
+@dataclass
+class FedBNKeys(FedAvgKeys):
+    """FedBN: FedAvg whose normalization layers' weights and biases (model.personal: normalization) stay on each
+    client and are never averaged."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        personal = cfg.model.personal
+        if not isinstance(personal, str) or personal != "normalization":
+            raise ScenarioError("model.personal", personal if isinstance(personal, str) else list(personal),
+                                "normalization for algorithm.name=fedbn (its clients keep their normalization "
+                                "layers: BatchNorm, GroupNorm, LayerNorm)")
+        kept_personal_part(cfg)
+
+
+@dataclass
+class LGFedAvgKeys(FedAvgKeys):
+    """LG-FedAvg: FedAvg whose local representation (model.personal: input_layer, or name patterns of the input
+    side) stays on each client; the layers above it are averaged."""
+
+    @staticmethod
+    def check(cfg) -> None:
+        personal = cfg.model.personal
+        if isinstance(personal, str) and personal != "input_layer":
+            raise ScenarioError("model.personal", personal, "input_layer, or a list of parameter-name patterns of "
+                                                            "the input-side layers, for algorithm.name=lg_fedavg "
+                                                            "(each client keeps its local representation)")
+        kept_personal_part(cfg)
+
+
 def kept_personal_part(cfg) -> None:
-    """An algorithm whose clients keep the model's personal part between visits (FedPer, FedRep) needs
-    row data (personalized evaluation tests each client's model), a personal split and
+    """An algorithm whose clients keep the model's personal part between visits (FedPer, FedRep, FedBN,
+    LG-FedAvg) needs row data (personalized evaluation tests each client's model), a personal split and
     ``model.personal_state: stateful``."""
     a, m = cfg.algorithm, cfg.model
     _needs_rows(cfg)

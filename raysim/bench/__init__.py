@@ -115,18 +115,29 @@ COMPRESSION = {"topk_1pct_ef": ("communication.uplink.kind=topk", "communication
                "qsgd_4": ("communication.uplink.kind=qsgd", "communication.uplink.levels=4"),
                "secagg": ("communication.secure_aggregation.protocol=secagg",)}
 PERSONAL_HEAD = ("model.personal=output_layer", "model.personal_state=stateful")
+# W1's schedule on the digits' feature shift with FedBN's BatchNorm CNN (W1's MLP has no normalization layers):
+# 100 clients (all of them each round), 2 full minibatches a visit (batch statistics: no padded batch)
+W1_BN_CNN = ("data.kind=digits", "data.num_clients=100", "data.feature_shift=true", "model.kind=bn_cnn",
+             "~model.hidden", "~model.activation", "~algorithm.local_epochs", "algorithm.local_steps=2")
 PERSONALIZATION = {"ditto": ("algorithm.name=ditto",), "fedper": ("algorithm.name=fedper", *PERSONAL_HEAD),
                    "fedrep": ("algorithm.name=fedrep", *PERSONAL_HEAD), "local_only": ("algorithm.name=local_only",),
-                   "apfl": ("algorithm.name=apfl",), "pfedme": ("algorithm.name=pfedme",)}
+                   "apfl": ("algorithm.name=apfl",), "pfedme": ("algorithm.name=pfedme",),
+                   "lg_fedavg": ("algorithm.name=lg_fedavg", "model.personal=input_layer",
+                                 "model.personal_state=stateful"),
+                   "fedavg_bn_cnn": W1_BN_CNN,
+                   "fedbn": (*W1_BN_CNN, "algorithm.name=fedbn", "model.personal=normalization",
+                             "model.personal_state=stateful")}
 STAGE_BENCHES = {"privacy": {"central_dp": CENTRAL_DP}, "compression": COMPRESSION,
                  "personalization": PERSONALIZATION}  # raysim bench --NAME: W1 with each variant against W1
+AGAINST = {"fedbn": "fedavg_bn_cnn"}  # a variant measured against another variant rather than against W1 itself
 STAGE_ROUNDS = ("execution.rounds=60",)  # W1's 20 rounds leave the median round at the mercy of a few
 
 
 def run_stage_bench(out: Path, repeat: int, variants: dict) -> dict:
     """W1 (60 rounds) with each of ``variants`` ({name: overrides}: stages of the update pipeline)
-    against W1 itself, interleaved ``repeat`` times, the order reversed every other time (a run can
-    slow the next one while its processes exit): each variant's cost a round and a client update."""
+    against W1 itself (or against the variant :data:`AGAINST` names), interleaved ``repeat`` times,
+    the order reversed every other time (a run can slow the next one while its processes exit):
+    each variant's cost a round and a client update."""
     runs = {}
     sides = [("plain", ())] + list(variants.items())
     for k in range(repeat):
@@ -135,15 +146,16 @@ def run_stage_bench(out: Path, repeat: int, variants: dict) -> dict:
             runs.setdefault(f"w1/{side}", []).append(r)
             print(_row(f"w1/{side}", r), flush=True)
     med = {name: _median(rs) for name, rs in runs.items()}
-    plain = med["w1/plain"]
     ratios = {}
     for side in variants:
-        r = med[f"w1/{side}"]
+        r, against = med[f"w1/{side}"], AGAINST.get(side, "plain")
+        plain = med[f"w1/{against}"]
         per_update = (r["seconds_per_round"] - plain["seconds_per_round"]) / 100 * 1e6  # W1: 100 clients a round
-        ratios[side] = {"wall": r["wall_seconds"] / plain["wall_seconds"],
+        ratios[side] = {"against": against, "wall": r["wall_seconds"] / plain["wall_seconds"],
                         "seconds_per_round": r["seconds_per_round"] / plain["seconds_per_round"],
                         "microseconds_per_update": per_update}
-        print(f"w1 (60 rounds): {side} / FedAvg steady seconds per round {ratios[side]['seconds_per_round']:.3f}x "
+        base = "FedAvg" if against == "plain" else against
+        print(f"w1 (60 rounds): {side} / {base} steady seconds per round {ratios[side]['seconds_per_round']:.3f}x "
               f"({per_update:+.0f} µs a client update), wall {ratios[side]['wall']:.3f}x (medians of {repeat})")
     return {"runs": runs, "medians": med, "ratios": ratios}
 

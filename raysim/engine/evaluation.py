@@ -25,14 +25,21 @@ def client_tests(model, params: torch.Tensor, data, client_ids: np.ndarray, chun
 
     The rows are gathered client after client, ``chunk`` at a time, into fresh tensors, so a
     client's figures depend only on the clients it is tested with (its evaluation task) and the
-    kind of device: the driver and any ClientActor give the same bits."""
+    kind of device: the driver and any ClientActor give the same bits. A model that normalizes
+    with batch statistics (BatchNorm) is tested on batches of one client's rows (``chunk`` at a
+    time), so a client's figures depend on its own rows only."""
     rows_at, packed = row_index(data.offsets, "test")
     counts, total = packed[:, 2] - packed[:, 0], len(rows_at)
     index = torch.from_numpy(rows_at).to(data.features.device)
     losses, hits = [torch.zeros(0, dtype=torch.float64)], [torch.zeros(0, dtype=torch.bool)]
+    if model.batch_statistics:
+        ends = np.cumsum(counts).tolist()
+        batches = [(i, min(i + chunk, end)) for start, end in zip([0, *ends], ends) for i in range(start, end, chunk)]
+    else:
+        batches = [(i, min(i + chunk, total)) for i in range(0, total, chunk)]
     with torch.no_grad():
-        for i in range(0, total, chunk):
-            rows = index[i:i + chunk]
+        for i, stop in batches:
+            rows = index[i:stop]
             logits = model.logits(params, data.features.index_select(0, rows))
             y = data.labels.index_select(0, rows)
             losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())

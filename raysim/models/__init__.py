@@ -1,5 +1,5 @@
 """Model zoo: ``logreg``, ``mlp``, a small ``cnn``, the ``quadratic`` model (θ, w), the saddle
-problem's ``bilinear`` model, the benchmarks' ``char_lstm``, ``femnist_cnn`` and ``resnet18_gn``
+problem's ``bilinear`` model, the benchmarks' ``char_lstm``, ``femnist_cnn``, ``resnet18_gn`` and ``bn_cnn``
 (:mod:`raysim.models.zoo`), or a user's ``package.module:factory``, built deterministically
 from the seed, with the split of parameters into global θ and personal w (``model.personal``,
 see :mod:`raysim.models.split`)."""

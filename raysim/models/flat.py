@@ -31,6 +31,8 @@ class FlatModel:
         self.personal = torch.zeros(self.size, dtype=torch.bool) if personal is None else personal  # [P]: w entries
         self.global_index = torch.nonzero(~self.personal).flatten()  # positions of θ in the flat vector
         self.personal_index = torch.nonzero(self.personal).flatten()
+        # BatchNorm without running statistics normalizes by its batch: evaluation batches hold one client's rows
+        self.batch_statistics = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
         # plain MLPs (logreg, mlp) also have hand-written passes with the same bits (models/dense.py)
         self.dense = DenseStack.of(module, self.names, self.numels)
 

@@ -19,6 +19,7 @@ from raysim.errors import ScenarioError
 from raysim.models.flat import FlatModel
 
 _INIT_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)  # _NormBase: BatchNorm, InstanceNorm
 
 
 class LoRALinear(nn.Module):
@@ -92,6 +93,8 @@ def _selected(module: nn.Module, params: list, personal) -> list:
         return [False] * len(params)
     if personal == "adapter":
         return [isinstance(owner, LoRALinear) and leaf in ("lora_a", "lora_b") for _, _, owner, leaf in params]
+    if personal == "normalization":
+        return [isinstance(owner, NORM_LAYERS) for _, _, owner, _ in params]
     if personal in ("input_layer", "output_layer"):
         layers = [m for m in module.modules() if next(m.parameters(recurse=False), None) is not None]
         layer = layers[0 if personal == "input_layer" else -1]
@@ -104,11 +107,15 @@ def personal_mask(module: nn.Module, personal) -> torch.Tensor:
 
     ``personal``: ``"none"`` (nothing), ``"input_layer"`` / ``"output_layer"`` (all
     parameters of the first / last module that owns parameters), ``"adapter"`` (every
-    LoRA pair) or a list of fnmatch patterns on the names of ``named_parameters()``.
+    LoRA pair), ``"normalization"`` (the affine weight and bias of every BatchNorm, InstanceNorm,
+    GroupNorm and LayerNorm) or a list of fnmatch patterns on the names of ``named_parameters()``.
     Any split but ``"none"`` must leave both personal and global parameters.
     """
     params = _parameters(module)
     selected = _selected(module, params, personal)
+    if personal == "normalization" and not any(selected):
+        raise ScenarioError("model.personal", personal, "a model with normalization layers (BatchNorm, GroupNorm, "
+                            "LayerNorm); parameters here: " + ", ".join(name for name, *_ in params))
     if personal != "none" and (all(selected) or not any(selected)):
         raise ScenarioError("model.personal", personal, "a split that leaves both personal and global parameters; "
                             "parameters here: " + ", ".join(name for name, *_ in params))
@@ -125,7 +132,7 @@ def _law(p: torch.Tensor, owner: nn.Module, leaf: str) -> tuple:
         return "uniform", -bound, bound
     if isinstance(owner, nn.Embedding):
         return "normal", 0.0, 1.0
-    if isinstance(owner, nn.GroupNorm):
+    if isinstance(owner, NORM_LAYERS):
         value = 1.0 if leaf == "weight" else 0.0
         return "constant", value, value
     if leaf == "lora_a":
@@ -155,8 +162,8 @@ def init_personal(model: FlatModel, mask: torch.Tensor, global_vector: torch.Ten
     own (``"global"``), 0 (``"zero"``) or, for ``"random"``, a fresh draw from each client's
     numpy Generator in ``rngs`` following PyTorch's default init of each tensor
     (Linear/Conv weight and bias, ``lora_a``: U(±1/sqrt(fan_in)); ``lora_b``: 0; LSTM weights and
-    biases: U(±1/sqrt(hidden)); Embedding: N(0, 1); GroupNorm: weight 1, bias 0; other parameters:
-    U[0, 1]), drawn in float64 and cast to the vector's dtype. Draws do not touch torch's global RNG.
+    biases: U(±1/sqrt(hidden)); Embedding: N(0, 1); normalization layers: weight 1, bias 0; other
+    parameters: U[0, 1]), drawn in float64 and cast to the vector's dtype. Draws do not touch torch's global RNG.
     """
     check_init(None, how)
     rows = global_vector.detach().expand(len(rngs), -1).clone()

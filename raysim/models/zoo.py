@@ -5,12 +5,18 @@
 * ``femnist_cnn``: the FEMNIST/MNIST CNN of LEAF and McMahan et al. ("Communication-Efficient
   Learning of Deep Networks from Decentralized Data"), with LEAF's 2048-unit dense layer;
 * ``resnet18_gn``: the CIFAR ResNet-18 with GroupNorm (2 groups) of FedACG (Kim et al.,
-  "Communication-Efficient Federated Learning with Accelerated Client Gradient").
+  "Communication-Efficient Federated Learning with Accelerated Client Gradient");
+* ``bn_cnn``: the BatchNorm CNN of FedBN's digits experiments (Li, Jiang, Zhang, Kamp, Dou, "FedBN:
+  Federated Learning on Non-IID Features via Local Batch Normalization"), its widths scaled down.
 
 Every one runs under ``torch.func.vmap`` over ``functional_call`` (clients train as a batch) and
 keeps no buffers (nothing but parameters is averaged). ``aten::lstm`` has no vmap batching rule,
 so :class:`CharLSTM` keeps an ``nn.LSTM`` for its parameters (PyTorch's names, initialization and
 gate order) and runs the recurrence with plain tensor operations (:func:`lstm_last_hidden`).
+BatchNorm's running statistics are buffers updated in place, which vmap cannot batch:
+:class:`BNCNN`'s BatchNorm layers keep none (``track_running_stats=False``, as
+``torch.func.replace_all_batch_norm_modules_`` sets it) and normalize every batch with its own
+statistics, in training and in evaluation alike (evaluation batches hold one client's rows).
 """
 
 from __future__ import annotations
@@ -108,7 +114,46 @@ class ResNet18GN(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
+class BatchNorm1dOfBatch(nn.BatchNorm1d):
+    """BatchNorm1d without running statistics: each batch normalized with its own mean and (biased)
+    variance, then scaled by ``weight`` and shifted by ``bias``. A batch of one row, which
+    nn.BatchNorm1d refuses in training, normalizes to about 0 (the output is about ``bias``)."""
+
+    def __init__(self, features: int):
+        super().__init__(features, track_running_stats=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.batch_norm(x, self.weight, self.bias, None, None, True, 0.0, self.eps, False)
+
+
+class BNCNN(nn.Module):
+    """FedBN's digits CNN (its DigitModel) with widths scaled by ``scale`` (default 1/4: channels 16,
+    16, 32 and dense layers 512, 128 instead of 64, 64, 128 and 2048, 512), so that it trains fast on
+    CPUs: three 5x5 'same' convolutions, each followed by BatchNorm2d and ReLU, the first two by 2x2
+    max-pooling (28 -> 14 -> 7; 8 -> 4 -> 2), then two dense layers each followed by BatchNorm1d and
+    ReLU, and the output layer. Takes [channels, height, width] images (height and width >= 4). Every
+    BatchNorm normalizes with the statistics of its batch (no running statistics; see the module)."""
+
+    def __init__(self, feature_shape: tuple, num_classes: int, scale: float = 0.25):
+        super().__init__()
+        channels, height, width = feature_shape
+        c1, c2, c3, d1, d2 = (max(1, round(n * scale)) for n in (64, 64, 128, 2048, 512))
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, c1, 5, padding=2), nn.BatchNorm2d(c1, track_running_stats=False), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.BatchNorm2d(c2, track_running_stats=False), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c2, c3, 5, padding=2), nn.BatchNorm2d(c3, track_running_stats=False), nn.ReLU())
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(c3 * (height // 4) * (width // 4), d1), BatchNorm1dOfBatch(d1), nn.ReLU(),
+            nn.Linear(d1, d2), BatchNorm1dOfBatch(d2), nn.ReLU(), nn.Linear(d2, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 # model.kind -> builder(feature_shape, num_classes); raysim.catalog.check_model_data has checked the shape
 ZOO = {"char_lstm": lambda feature_shape, num_classes: CharLSTM(num_classes),
        "femnist_cnn": lambda feature_shape, num_classes: femnist_cnn(num_classes),
-       "resnet18_gn": lambda feature_shape, num_classes: ResNet18GN(feature_shape[0], num_classes)}
+       "resnet18_gn": lambda feature_shape, num_classes: ResNet18GN(feature_shape[0], num_classes),
+       "bn_cnn": BNCNN}

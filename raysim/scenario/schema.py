@@ -114,7 +114,7 @@ class DataConfig:
 class ModelConfig:
     """The model trained by every client (deterministic init from ``seed``)."""
 
-    kind: str = key("mlp", "logreg | mlp | cnn | quadratic | bilinear | char_lstm | femnist_cnn | resnet18_gn, or "
+    kind: str = key("mlp", "logreg | mlp | cnn | quadratic | bilinear | char_lstm | femnist_cnn | resnet18_gn | bn_cnn, or "
                            "package.module:function")
     hidden: List[int] = key(doc="mlp hidden sizes", factory=lambda: [64], when=when("kind", "mlp"))
     activation: str = key("relu", "mlp: relu | elu | tanh | sigmoid", when=when("kind", "mlp"))
@@ -122,7 +122,7 @@ class ModelConfig:
     init_scale: float = key(1e-3, "bilinear: every initial parameter is init_scale·N(0, 1) (0: exactly at the "
                                   "saddle, the origin)", check=non_negative, when=when("kind", "bilinear"))
     personal: Any = key("none", "the personal part w (the rest is the global θ): none | input_layer | output_layer | "
-                                "adapter | a list of parameter-name patterns")
+                                "adapter | normalization | a list of parameter-name patterns")
     adapter_rank: int = key(4, "adapter: rank of each LoRA pair", check=positive_int, when=when("personal", "adapter"))
     adapter_layers: Optional[List[str]] = key(None, "adapter: Linear module names (null: all but the output layer)",
                                               when=when("personal", "adapter"))

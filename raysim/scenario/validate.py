@@ -153,6 +153,11 @@ def validate(cfg: DictConfig, explicit=(), unsettable=frozenset()) -> None:
             "one of " + ", ".join(PERSONAL_MODES) + ", or a list of parameter-name patterns")
     require_one_of("model.personal_state", m.personal_state, ["stateful", "stateless"])
     check_init(personal, m.personal_init)  # personal_init is one of PERSONAL_INITS, and fits the split
+    if personal == "normalization" and m.kind in MODELS and not MODELS[m.kind].normalization:
+        raise ScenarioError("model.kind", m.kind, "a model with normalization layers (BatchNorm, GroupNorm or "
+                            "LayerNorm) for model.personal=normalization (FedBN's split): "
+                            + ", ".join(kind for kind, model in MODELS.items() if model.normalization)
+                            + " or package.module:function")
     require(all(h > 0 for h in m.hidden), "model.hidden", list(m.hidden), "a list of positive layer sizes")
     require_one_of("model.activation", m.activation, ACTIVATIONS)
     require(len(m.channels) > 0 and all(c > 0 for c in m.channels), "model.channels", list(m.channels),
