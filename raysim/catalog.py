@@ -222,6 +222,7 @@ class ModelKind(typing.NamedTuple):
     doc: str
     layout: typing.Callable
     normalization: bool = False  # it has normalization layers (BatchNorm, GroupNorm, LayerNorm): FedBN's split
+    batch_statistics: bool = False  # it normalizes each batch by the batch's own statistics (BatchNorm)
 
 
 def _logreg(m, features: tuple, classes: int) -> tuple:
@@ -301,7 +302,7 @@ MODELS = {
                              "images", _resnet18_gn, normalization=True),
     "bn_cnn": ModelKind("FedBN's digits CNN at 1/4 width: 5x5 convs 16, 16, 32 with BatchNorm (batch statistics), "
                         "dense 512, 128 with BatchNorm; [channels, height, width] images, sides >= 4", _bn_cnn,
-                        normalization=True),
+                        normalization=True, batch_statistics=True),
 }
 
 

@@ -132,5 +132,5 @@ def _build_model(cfg, dataset) -> FlatModel:
     from raysim.models import build_model
 
     model = build_model(cfg.model, dataset.feature_shape, dataset.num_classes, cfg.seed)
-    check_model(cfg, model)
+    check_model(cfg, model, dataset)
     return model

@@ -150,3 +150,26 @@ def test_fedbn_on_a_model_without_normalization_is_refused_before_ray_starts(tmp
     assert proc.returncode == 2, proc.stderr
     assert one_error_line(proc.stderr) == f"error: {NO_NORM}"
     assert not (tmp_path / "out").exists()
+
+
+BATCH_STATS = "with model.kind=bn_cnn, which normalizes each minibatch by its own statistics: a short batch's padding would enter them"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ([],
+     f"algorithm.local_steps = None: expected a number of steps {BATCH_STATS} (passes over the rows end in a short "
+     "batch)"),
+    (["~algorithm.local_epochs", "algorithm.local_steps=2", "eval.personalized_epochs=1"],
+     f"eval.personalized_epochs = 1: expected 0 (use eval.personalized_steps) {BATCH_STATS}"),
+    (["~algorithm.local_epochs", "algorithm.local_steps=2", "algorithm.batch_size=100"],
+     "algorithm.batch_size = 100: expected at most 71, the training rows of client 17 (20 of 20 clients have "
+     f"fewer than 100), {BATCH_STATS}"),
+])
+def test_a_batch_statistics_model_is_refused_short_batches_before_ray_starts(tmp_path, overrides, line):
+    """A short minibatch is padded to its task's widest, and BatchNorm's statistics would take in the
+    padding: bn_cnn trains on full minibatches only (a client's steps then never depend on its task)."""
+    proc = cli("run", "scenarios/quickstart.yaml", "data.kind=digits", "data.num_clients=20", "model.kind=bn_cnn",
+               "~model.hidden", "~model.activation", "runtime.backend=ray", *overrides, f"output.dir={tmp_path}/out")
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc.stderr) == f"error: {line}"
+    assert not (tmp_path / "out").exists()

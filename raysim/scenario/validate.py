@@ -9,6 +9,7 @@ import math
 import os
 import re
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from raysim.algorithms.keys import check_aggregator
@@ -277,6 +278,8 @@ def check_data_set(cfg, dataset) -> None:
     the keys alone, :func:`validate` checks them for every other kind)."""
     check_model_data(cfg.model.kind, dataset.feature_shape, dataset.num_classes,
                      cfg.data.path if cfg.data.kind in DATA_FILES else None)
+    if cfg.model.kind in MODELS and MODELS[cfg.model.kind].batch_statistics:
+        check_full_batches(cfg, dataset.train_sizes())
     if isinstance(dataset, (FederatedDataset, GeneratedDataset)):
         check_data = getattr(algorithm_keys(cfg.algorithm.name), "check_data", None)
         if check_data is not None:
@@ -288,11 +291,42 @@ def check_data_set(cfg, dataset) -> None:
             check_aggregator(cfg, dataset.num_clients)
 
 
-def check_model(cfg, model) -> None:
+def check_model(cfg, model, dataset) -> None:
     """What needs the built model, checked once it is built: a custom model's size for
-    ``eval.curvature`` (a built-in's is counted from its keys by :func:`validate`)."""
-    if cfg.eval.curvature and ":" in cfg.model.kind:
-        check_curvature(model.size)
+    ``eval.curvature`` (a built-in's is counted from its keys by :func:`validate`), and whether a
+    custom model that normalizes by batch statistics gets full batches (a built-in's is checked
+    with the data set, :func:`check_data_set`)."""
+    if ":" in cfg.model.kind:
+        if cfg.eval.curvature:
+            check_curvature(model.size)
+        if model.batch_statistics:
+            check_full_batches(cfg, dataset.train_sizes())
+
+
+def check_full_batches(cfg, train_sizes) -> None:
+    """A model that normalizes each minibatch by its own statistics (BatchNorm) trains on full
+    minibatches only: a short batch is padded to its task's widest, and the padding rows would
+    enter the statistics, so a client's steps would depend on the clients it shares a task with.
+    Hence a fixed number of steps (``local_steps``, FedRep's ``head_steps``; no epochs) of
+    ``batch_size`` rows that every client has, and no ``eval.personalized_epochs``."""
+    a, why = cfg.algorithm, (f"with model.kind={cfg.model.kind}, which normalizes each minibatch by its own "
+                             "statistics: a short batch's padding would enter them")
+    if "local_epochs" in a:
+        require(a.get("local_steps") is not None, "algorithm.local_steps", a.get("local_steps"),
+                f"a number of steps {why} (passes over the rows end in a short batch)")
+    if "head_epochs" in a:
+        require(a.get("head_steps") is not None, "algorithm.head_steps", a.get("head_steps"),
+                f"a number of steps {why} (passes over the rows end in a short batch)")
+    require(cfg.eval.personalized_epochs == 0, "eval.personalized_epochs", cfg.eval.personalized_epochs,
+            f"0 (use eval.personalized_steps) {why}")
+    batch = a.get("batch_size")
+    require(batch is not None, "algorithm.batch_size", batch, f"a minibatch size {why} (full-batch steps pad "
+                                                              "smaller clients)")
+    fewest = int(np.argmin(train_sizes))
+    short = int((train_sizes < batch).sum())
+    require(short == 0, "algorithm.batch_size", batch,
+            f"at most {int(train_sizes[fewest])}, the training rows of client {fewest} ({short} of "
+            f"{len(train_sizes)} clients have fewer than {batch}), {why}")
 
 
 def why_ignored(cfg: DictConfig, keys: type, path: str) -> str | None:
