@@ -330,7 +330,7 @@ def cmd_sweep(args) -> int:
 
     sweep = plan_sweep(args.scenario, args.grid, args.overrides, repeat=args.repeat, out=args.out,
                        parallel=args.parallel, plots=args.plot, progress=not args.quiet)
-    return run_sweep(sweep, in_process=args.in_process, quiet=args.quiet)
+    return run_sweep(sweep, in_process=args.in_process, quiet=args.quiet, on_tune=args.on == "tune")
 
 
 def cmd_jobs(args) -> int:
@@ -484,6 +484,10 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("--in-process", action="store_true",
                      help="run the points one after another in this process, sharing one Ray session (quicker; "
                           "memory figures are then not comparable with isolated runs)")
+    swp.add_argument("--on", choices=["processes", "tune"], default="processes",
+                     help="processes: each point a raysim run process (default); tune: each point a Ray Tune trial "
+                          "in one Ray session, reserving its process and its ClientActors as one placement group, "
+                          "so that trials pack onto the cluster")
     swp.add_argument("--quiet", action="store_true", help="no line per point")
     swp.set_defaults(func=cmd_sweep)
     return p

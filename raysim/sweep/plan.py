@@ -399,3 +399,9 @@ def _unique(names: list[str]) -> list[str]:
 def cpus_per_point(parallel: int) -> int:
     """CPUs each of ``parallel`` concurrent points' embedded Ray declares: a fair share, at least 1."""
     return max(1, (os.cpu_count() or 1) // parallel)
+
+
+def ray_of(cfg):
+    """What a point's Ray session is started with (None: the local backend, no Ray)."""
+    r = cfg.runtime
+    return None if r.backend == "local" else (r.address, r.num_cpus, r.num_gpus)
