@@ -125,7 +125,7 @@ def embedded_plan(runtime_cfg) -> int | None:
 INLINE_PAYLOAD_BYTES = 100 * 1024  # smaller payloads travel inside the call, as Ray inlines small arguments
 
 
-def _bundle(runtime_cfg) -> dict:
+def actor_bundle(runtime_cfg) -> dict:
     """One ClientActor's share of a node, as a placement-group bundle."""
     bundle = {"CPU": float(runtime_cfg.cpus_per_actor)}
     if runtime_cfg.gpus_per_actor > 0:
@@ -351,7 +351,7 @@ class RayRuntime:
         group, first = get_current_placement_group(), 1  # a trial's: bundle 0 holds this process
         if group is None:
             self.num_actors, first = plan_actors(cfg, cluster_nodes()), 0
-            self._group = group = placement_group([_bundle(cfg)] * self.num_actors,
+            self._group = group = placement_group([actor_bundle(cfg)] * self.num_actors,
                                                   strategy="SPREAD" if cfg.placement == "spread" else "PACK")
         else:
             self.num_actors = _bundles_for_actors(group, cfg)
@@ -407,9 +407,9 @@ def _bundles_for_actors(group, runtime_cfg) -> int:
     RunError (one line) when those bundles are not ClientActors' shares (the group is not one
     that ``raysim sweep --on tune`` planned for this scenario)."""
     shares = group.bundle_specs[1:]
-    if not shares or any(b != _bundle(runtime_cfg) for b in shares):
+    if not shares or any(b != actor_bundle(runtime_cfg) for b in shares):
         raise RunError(f"this run lies in a placement group whose bundles after the first ({shares}) are not "
-                       f"ClientActors' shares ({_bundle(runtime_cfg)} each): run it outside the group, or plan "
+                       f"ClientActors' shares ({actor_bundle(runtime_cfg)} each): run it outside the group, or plan "
                        f"the group as raysim sweep --on tune does")
     return len(shares)
 

@@ -1,4 +1,4 @@
-"""`raysim sweep --on tune`: each point a Ray Tune trial in one Ray session, its process and its
+"""`raysim sweep --runner tune`: each point a Ray Tune trial in one Ray session, its process and its
 ClientActors one placement group; the same models as runs of the points alone, skip-finished and
 resuming as in the other modes, the node of each trial in the table, bad resources refused first."""
 
@@ -36,9 +36,9 @@ POINTS = [f"algorithm.lr={lr},backend={b},repeat=0" for lr in (0.05, 0.1) for b 
 
 
 def sweep_cli(*args, timeout=240) -> subprocess.CompletedProcess:
-    """``raysim sweep … --on tune`` in a process (and session) of its own: whatever of its Ray is left
+    """``raysim sweep … --runner tune`` in a process (and session) of its own: whatever of its Ray is left
     when it ends is killed, also when the test fails."""
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", *args, "--on", "tune"],
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", *args, "--runner", "tune"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -116,6 +116,19 @@ def test_a_trial_that_cannot_fit_is_one_error_line_before_anything_runs(tmp_path
     assert not out.exists()
 
 
+def test_the_sweep_section_chooses_the_runner_and_the_flag_overrides_it(tmp_path):
+    from raysim.errors import ScenarioError
+    from raysim.sweep import plan_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(SWEEP + "  runner: tune\n")
+    assert plan_sweep(str(path), overrides=TINY).runner == "tune"
+    assert plan_sweep(str(path), overrides=TINY, runner="processes").runner == "processes"
+    path.write_text(SWEEP + "  runner: threads\n")
+    with pytest.raises(ScenarioError, match=r"^sweep.runner = 'threads': expected processes or tune$"):
+        plan_sweep(str(path), overrides=TINY)
+
+
 @pytest.fixture
 def two_nodes():
     """A two-node cluster (2 CPUs each) that this test process joins; the test session's Ray is
@@ -148,7 +161,8 @@ def test_trials_spread_over_the_nodes_without_oversubscribing_them(two_nodes, tm
     from raysim.sweep import plan_sweep, run_sweep
 
     sweep = plan_sweep(str(QUICKSTART), ["algorithm.lr=0.05,0.1"],
-                       [*TINY, "runtime.backend=local", "runtime.torch_threads=2"], out=str(tmp_path / "out"))
-    assert run_sweep(sweep, quiet=True, on_tune=True) == 0
+                       [*TINY, "runtime.backend=local", "runtime.torch_threads=2"], out=str(tmp_path / "out"),
+                       runner="tune")
+    assert run_sweep(sweep, quiet=True) == 0
     rows = pq.read_table(tmp_path / "out" / "sweep.parquet").to_pylist()
     assert {r["node"] for r in rows} == {n["NodeID"] for n in ray.nodes() if n["Alive"]}

@@ -1,5 +1,5 @@
 """Running a sweep's points: each in a fresh ``raysim run`` process (``parallel`` at a time), one
-after another in this process (``in_process``) or as Ray Tune trials (``on_tune``,
+after another in this process (``in_process``) or as Ray Tune trials (``sweep.runner``,
 :mod:`raysim.sweep.trials`), then writing sweep.parquet and the plots."""
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from raysim.sweep.plan import Sweep, cpus_per_point, ray_of
 from raysim.sweep.results import MIN_STEADY_SECONDS, finished, is_done, point_row, started, too_short, write_table
 
 
-def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False, on_tune: bool = False) -> int:
-    """Run the points not done yet, write ``<out>/sweep.parquet`` and the plots, print their paths;
-    0 when every point completed, RunError (exit 1) naming the points that did not."""
+def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> int:
+    """Run the points not done yet (as Ray Tune trials when ``sweep.runner`` says so), write
+    ``<out>/sweep.parquet`` and the plots, print their paths; 0 when every point completed,
+    RunError (exit 1) naming the points that did not."""
+    on_tune = sweep.runner == "tune"
     if in_process and on_tune:
-        raise ScenarioError("--in-process", True, "not with --on tune (each trial runs in a Ray worker of its own)")
+        raise ScenarioError("--in-process", True, "not with --runner tune (each trial runs in a Ray worker of its own)")
     if (in_process or on_tune) and sweep.parallel > 1:
-        raise ScenarioError("--parallel", sweep.parallel, "1 with --on tune (Tune runs as many trials at once as "
+        raise ScenarioError("--parallel", sweep.parallel, "1 with --runner tune (Tune runs as many trials at once as "
                             "the cluster holds)" if on_tune else "1 with --in-process (points run one after another)")
     todo = [p for p in sweep.points if not is_done(p)]  # ScenarioError for a directory of another scenario
     if on_tune and todo:

@@ -1,4 +1,4 @@
-"""A sweep's points as Ray Tune trials (``raysim sweep --on tune``), sharing one Ray session.
+"""A sweep's points as Ray Tune trials (``raysim sweep --runner tune``), sharing one Ray session.
 
 Each point not done yet is one trial of a ``tune.Tuner``; its resources are a placement group
 (:func:`bundles`): bundle 0 for the trial's own process, which runs the point through
@@ -108,7 +108,7 @@ def bundles(cfg, nodes: list) -> list[dict]:
     for the trial's process, then (ray backend) one per ClientActor, as many as
     :func:`actors.runtime.plan_actors` plans beside bundle 0 on the largest node. ScenarioError
     when they cannot fit."""
-    from actors.runtime import _bundle, plan_actors
+    from actors.runtime import actor_bundle, plan_actors
 
     r = cfg.runtime
     head = {"CPU": float(r.torch_threads)}
@@ -125,7 +125,7 @@ def bundles(cfg, nodes: list) -> list[dict]:
     except ScenarioError as exc:
         raise ScenarioError(exc.key, exc.value, f"{exc.allowed}; the trial's own process holds {head['CPU']:g} CPU "
                                                 f"of the largest node") from None
-    return [head] + [_bundle(r)] * actors
+    return [head] + [actor_bundle(r)] * actors
 
 
 def _plan(points: list, nodes: list) -> dict:
@@ -148,7 +148,7 @@ def _session(points: list):
     for i, key in enumerate(("runtime.address", "runtime.num_cpus", "runtime.num_gpus")):
         values = list(dict.fromkeys(d[i] for d in declared))
         if len(values) > 1:
-            raise ScenarioError(key, values, "one value for every point with --on tune (its trials share one Ray)")
+            raise ScenarioError(key, values, "one value for every point with --runner tune (its trials share one Ray)")
     return max(on_ray, key=lambda p: p.cfg.runtime.gpus_per_actor).cfg.runtime if on_ray else points[0].cfg.runtime
 
 
