@@ -98,10 +98,12 @@ def test_each_point_has_the_model_of_its_run_alone_and_its_node_in_the_table(tun
 def test_a_second_call_skips_every_point_without_starting_ray(tune_sweep):
     path, out, _, _ = tune_sweep
     before = sorted(p.stat().st_mtime_ns for p in out.glob("*/summary.json"))
+    experiments = sorted((out / ".tune").iterdir())  # one per sweep that ran trials
     again = sweep_cli(str(path), *TINY, "--out", str(out))
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("skipped ") == 4 and "start " not in again.stderr, again.stderr
     assert sorted(p.stat().st_mtime_ns for p in out.glob("*/summary.json")) == before
+    assert sorted((out / ".tune").iterdir()) == experiments
 
 
 def test_a_trial_that_cannot_fit_is_one_error_line_before_anything_runs(tmp_path):
