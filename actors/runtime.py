@@ -22,7 +22,7 @@ import ray
 from ray._private import ray_constants
 from ray._private.services import canonicalize_bootstrap_address
 from ray.exceptions import RayActorError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.jobs import job_address
@@ -107,6 +107,11 @@ def plan_actors(runtime_cfg, nodes: list) -> int:
     return wanted
 
 
+def cluster_nodes() -> list:
+    """(CPUs, GPUs) of each alive node of the Ray this process is connected to."""
+    return [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n["Alive"]]
+
+
 def embedded_plan(runtime_cfg) -> int | None:
     """The number of ClientActors of the run's private embedded Ray, checked before Ray starts
     (ScenarioError, one line, when ``runtime.num_actors`` exceeds its CPUs or GPUs); None when
@@ -120,7 +125,7 @@ def embedded_plan(runtime_cfg) -> int | None:
 INLINE_PAYLOAD_BYTES = 100 * 1024  # smaller payloads travel inside the call, as Ray inlines small arguments
 
 
-def _bundle(runtime_cfg) -> dict:
+def actor_bundle(runtime_cfg) -> dict:
     """One ClientActor's share of a node, as a placement-group bundle."""
     bundle = {"CPU": float(runtime_cfg.cpus_per_actor)}
     if runtime_cfg.gpus_per_actor > 0:
@@ -145,14 +150,14 @@ class ClientActorGroup:
     """The ClientActors as seen by the scheduler: broadcast through the object store, submit, gather.
 
     Creates ``num_actors`` actors of ``actor_class`` (ClientActor), actor i from
-    ``(*args, i)`` with Ray ``options``, in bundle i of placement group ``group``. One that dies
+    ``(*args, i)`` with Ray ``options``, in bundle ``first_bundle + i`` of placement group ``group``. One that dies
     (its process killed, its node lost) is replaced by a new one in the same bundle, at most
     :data:`ACTOR_REPLACEMENTS` times, and its calls are sent again (a task is a pure function of its
     inputs, so the results are the same); :meth:`lost_tasks` reports those tasks. Picklable, so
     the SchedulerActor can hold it (the actors it creates there are that actor's)."""
 
-    def __init__(self, actor_class, args: tuple, options: dict, group, num_actors: int):
-        self._spawn = (actor_class, args, options, group)
+    def __init__(self, actor_class, args: tuple, options: dict, group, num_actors: int, first_bundle: int = 0):
+        self._spawn = (actor_class, args, options, group, first_bundle)
         self.actors = [self._create(i) for i in range(num_actors)]
         self.num_actors = num_actors
         self.nodes = [""] * num_actors  # nodes[i]: the node id of actor i (set by describe)
@@ -199,8 +204,8 @@ class ClientActorGroup:
         return deaths
 
     def _create(self, actor: int):
-        actor_class, args, options, group = self._spawn
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=actor)
+        actor_class, args, options, group, first_bundle = self._spawn
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=first_bundle + actor)
         return actor_class.options(**options, scheduling_strategy=strategy).remote(*args, actor)
 
     def _send(self, actor: int, method: str, args: tuple) -> Pending:
@@ -283,7 +288,11 @@ class RemoteScheduler:
 
 class RayRuntime:
     """Starts a private Ray (or joins ``runtime.address`` / the job's cluster), creates the
-    ClientActors and the SchedulerActor."""
+    ClientActors and the SchedulerActor.
+
+    Run inside a placement group (a Ray Tune trial's: ``raysim sweep --on tune``), the ClientActors
+    take that group's bundles after the first, which holds this process, one actor per bundle;
+    elsewhere the runtime plans them over the cluster's nodes and creates a group of its own."""
 
     def __init__(self, runtime_cfg):
         if runtime_cfg.address and not ray.is_initialized():
@@ -339,15 +348,18 @@ class RayRuntime:
 
         cfg = self.cfg
         self.start()
-        nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n["Alive"]]
-        self.num_actors = plan_actors(cfg, nodes)
+        group, first = get_current_placement_group(), 1  # a trial's: bundle 0 holds this process
+        if group is None:
+            self.num_actors, first = plan_actors(cfg, cluster_nodes()), 0
+            self._group = group = placement_group([actor_bundle(cfg)] * self.num_actors,
+                                                  strategy="SPREAD" if cfg.placement == "spread" else "PACK")
+        else:
+            self.num_actors = _bundles_for_actors(group, cfg)
         STARTUP.info(f"starting {self.num_actors} client actor{'s' if self.num_actors != 1 else ''} …")
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
-        self._group = placement_group([_bundle(cfg)] * self.num_actors,
-                                      strategy="SPREAD" if cfg.placement == "spread" else "PACK")
         self.client_actors = ClientActorGroup(ClientActor, (scenario, self._table),
-                              dict(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor), self._group,
-                              self.num_actors)
+                              dict(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor), group,
+                              self.num_actors, first)
         self.client_actors.describe()  # waits until every actor is up (one that dies meanwhile is replaced)
         return open_dataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
@@ -376,7 +388,8 @@ class RayRuntime:
         return self.client_actors.describe()
 
     def close(self) -> None:
-        """Shut down the embedded Ray, or only this run's actors when Ray was already running."""
+        """Shut down the embedded Ray, or only this run's actors (and its placement group, not the
+        one it ran inside) when Ray was already running."""
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
@@ -387,6 +400,18 @@ class RayRuntime:
             if self._group is not None:
                 remove_placement_group(self._group)
         self.client_actors, self._scheduler, self._group = None, None, None
+
+
+def _bundles_for_actors(group, runtime_cfg) -> int:
+    """The ClientActors of a run inside placement group ``group``: one per bundle after the first;
+    RunError (one line) when those bundles are not ClientActors' shares (the group is not one
+    that ``raysim sweep --on tune`` planned for this scenario)."""
+    shares = group.bundle_specs[1:]
+    if not shares or any(b != actor_bundle(runtime_cfg) for b in shares):
+        raise RunError(f"this run lies in a placement group whose bundles after the first ({shares}) are not "
+                       f"ClientActors' shares ({actor_bundle(runtime_cfg)} each): run it outside the group, or plan "
+                       f"the group as raysim sweep --on tune does")
+    return len(shares)
 
 
 

@@ -329,7 +329,8 @@ def cmd_sweep(args) -> int:
     from raysim.sweep import plan_sweep, run_sweep
 
     sweep = plan_sweep(args.scenario, args.grid, args.overrides, repeat=args.repeat, out=args.out,
-                       parallel=args.parallel, plots=args.plot, progress=not args.quiet)
+                       parallel=args.parallel, plots=args.plot, progress=not args.quiet,
+                       runner=args.runner)
     return run_sweep(sweep, in_process=args.in_process, quiet=args.quiet)
 
 
@@ -485,6 +486,10 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("--in-process", action="store_true",
                      help="run the points one after another in this process, sharing one Ray session (quicker; "
                           "memory figures are then not comparable with isolated runs)")
+    swp.add_argument("--runner", choices=["processes", "tune"],
+                     help="processes: each point a raysim run process (default); tune: each point a Ray Tune trial "
+                          "in one Ray session, reserving its process and its ClientActors as one placement group, "
+                          "so that trials pack onto the cluster")
     swp.add_argument("--quiet", action="store_true", help="no line per point")
     swp.set_defaults(func=cmd_sweep)
     return p

@@ -37,7 +37,8 @@ from raysim.scenario import load_scenario
 from raysim.errors import ScenarioError, first_line
 from raysim.sweep.results import METRICS, value_text
 
-SECTION_KEYS = ("scenario", "grid", "repeat", "out", "parallel", "plots")
+SECTION_KEYS = ("scenario", "grid", "repeat", "out", "parallel", "plots", "runner")
+RUNNERS = ("processes", "tune")  # what runs the points: raysim run processes (or this one), or Tune trials
 SCENARIO = "scenario"  # the grid key whose values are scenario files
 PROGRESS_FROM = 50  # sweeps of this many points or more show a bar while they validate
 MAX_NAME = 200  # longer point names are cut and made unique with a hash (a file name holds 255 bytes)
@@ -72,6 +73,7 @@ class Sweep:
     parallel: int
     plots: list
     points: list
+    runner: str = "processes"  # one of RUNNERS
 
 
 def split_values(text: str) -> list[str]:
@@ -178,11 +180,12 @@ def _integer(name: str, value, default: int) -> int:
 
 
 def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None = None, out: str | None = None,
-               parallel: int | None = None, plots=None, progress: bool = False) -> Sweep:
+               parallel: int | None = None, plots=None, progress: bool = False,
+               runner: str | None = None) -> Sweep:
     """The sweep of ``scenario`` with ``--grid`` options merged over its ``sweep:`` section (a
     command-line key replaces that key's values in every grid, or joins the grids without it; a
-    labelled axis's key selects its points with those labels; ``repeat``, ``out``, ``parallel`` and
-    ``plots``, when given, replace the section's), every point validated (with ``progress``, a bar on
+    labelled axis's key selects its points with those labels; ``repeat``, ``out``, ``parallel``,
+    ``plots`` and ``runner``, when given, replace the section's), every point validated (with ``progress``, a bar on
     stderr while a sweep of :data:`PROGRESS_FROM` points or more validates). Raises
     :class:`ScenarioError` (one line, naming the grid key and value) for bad input."""
     source, section = read_scenario(scenario)
@@ -199,6 +202,10 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
     repeat = _integer(repeat_key, repeat, section.get("repeat", 1))
     parallel = _integer("--parallel" if parallel is not None else "sweep.parallel", parallel,
                         section.get("parallel", 1))
+    runner_key, runner = ("--runner", runner) if runner is not None else \
+        ("sweep.runner", section.get("runner", RUNNERS[0]))
+    if runner not in RUNNERS:
+        raise ScenarioError(runner_key, runner, " or ".join(RUNNERS))
     if repeat > 1 and any("seed" in entry[1] for grid in grids for entries in grid.values() for entry in entries):
         raise ScenarioError(repeat_key, repeat, "1 when seed is a grid key (repeat r runs with seed + r: the "
                                                 "seeds of the grid and of the repeats would collide)")
@@ -231,7 +238,7 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
         point.dir = out / _dir_name(point.name)
         point.overrides.append(f"output.dir={value_text(str(point.dir))}")
         point.cfg.output.dir = str(point.dir)
-    return Sweep(scenario, axes, repeat, out, parallel, plots, points)
+    return Sweep(scenario, axes, repeat, out, parallel, plots, points, runner)
 
 
 def _validating(points: int, progress: bool):
@@ -399,3 +406,9 @@ def _unique(names: list[str]) -> list[str]:
 def cpus_per_point(parallel: int) -> int:
     """CPUs each of ``parallel`` concurrent points' embedded Ray declares: a fair share, at least 1."""
     return max(1, (os.cpu_count() or 1) // parallel)
+
+
+def ray_of(cfg):
+    """What a point's Ray session is started with (None: the local backend, no Ray)."""
+    r = cfg.runtime
+    return None if r.backend == "local" else (r.address, r.num_cpus, r.num_gpus)

@@ -2,8 +2,9 @@
 
 A point's directory holds its run's files and ``sweep_point.json`` (:data:`MEASURED`), written
 once the point has run: exit status, wall seconds and peak RSS as the sweep measured them, the
-mode that ran it and the code version. A point is done when its summary says ``completed``,
-its ``scenario.yaml`` is the point's scenario and that file says the sweep saw it exit with 0.
+mode that ran it (for a Tune trial, also the id of the Ray node it ran on) and the code version. A
+point is done when its summary says ``completed``, its ``scenario.yaml`` is the point's scenario
+and that file says the sweep saw it exit with 0.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ METRICS = ("wall_seconds", "startup_seconds", "steady_updates_per_second", "medi
            "steady_seconds", "peak_rss_bytes", "final_test_accuracy", "virtual_time")
 MIN_STEADY_SECONDS = 2.0  # a steady rate measured over less wall time than this is mostly noise
 _TYPES = {"repeat": pa.int64(), "status": pa.string(), **{m: pa.float64() for m in METRICS},
-          "peak_rss_bytes": pa.int64(), "mode": pa.string(), "output_dir": pa.string(),
+          "peak_rss_bytes": pa.int64(), "mode": pa.string(), "node": pa.string(), "output_dir": pa.string(),
           "raysim_version": pa.string(), "git_commit": pa.string()}
 
 
@@ -63,6 +64,22 @@ def save_measured(point, measured: dict) -> None:
 def forget_measured(point) -> None:
     """Remove a point's :data:`MEASURED` file before it runs (again)."""
     (point.dir / MEASURED).unlink(missing_ok=True)
+
+
+def started(say, point) -> None:
+    """Before a point runs (again): forget what the sweep measured of it, make its directory, say so."""
+    forget_measured(point)
+    point.dir.mkdir(parents=True, exist_ok=True)
+    say(f"start   {point.dir.name}")  # its directory's name: what the user finds on disk
+
+
+def finished(say, point, measured: dict) -> None:
+    """Once a point has run: save what the sweep ``measured`` (with the code version), say how it went."""
+    save_measured(point, {**measured, **code_version()})
+    row = point_row(point)
+    ups = row["steady_updates_per_second"]
+    say(f"{'done' if row['status'] == 'completed' else row['status']:7s} {point.dir.name}: {row['status']}, "
+        f"{row['wall_seconds']:.1f} s wall, {'-' if ups is None else f'{ups:.1f}'} updates/s")
 
 
 def is_done(point) -> bool:
@@ -123,7 +140,7 @@ def point_row(point) -> dict:
     status = _status(point)
     row = {**point.values, "repeat": point.repeat, "status": status, **{m: None for m in METRICS},
            "wall_seconds": measured.get("wall_seconds"), "peak_rss_bytes": measured.get("peak_rss_bytes"),
-           "mode": measured.get("mode"), "output_dir": str(point.dir),
+           "mode": measured.get("mode"), "node": measured.get("node"), "output_dir": str(point.dir),
            "raysim_version": measured.get("raysim_version"), "git_commit": measured.get("git_commit")}
     if status != "completed":
         return row

@@ -1,5 +1,6 @@
-"""Running a sweep's points: each in a fresh ``raysim run`` process (``parallel`` at a time), or one
-after another in this process (``in_process``), then writing sweep.parquet and the plots."""
+"""Running a sweep's points: each in a fresh ``raysim run`` process (``parallel`` at a time), one
+after another in this process (``in_process``) or as Ray Tune trials (``sweep.runner``,
+:mod:`raysim.sweep.trials`), then writing sweep.parquet and the plots."""
 
 from __future__ import annotations
 
@@ -12,24 +13,38 @@ from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from raysim.errors import RunError, ScenarioError
-from raysim.sweep.plan import Sweep, cpus_per_point
-from raysim.sweep.results import (MIN_STEADY_SECONDS, code_version, forget_measured, is_done, point_row,
-                                  save_measured, too_short, write_table)
+from raysim.sweep.plan import Sweep, cpus_per_point, ray_of
+from raysim.sweep.results import MIN_STEADY_SECONDS, finished, is_done, point_row, started, too_short, write_table
 
 
 def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> int:
-    """Run the points not done yet, write ``<out>/sweep.parquet`` and the plots, print their paths;
-    0 when every point completed, RunError (exit 1) naming the points that did not."""
-    if in_process and sweep.parallel > 1:
-        raise ScenarioError("--parallel", sweep.parallel, "1 with --in-process (points run one after another)")
+    """Run the points not done yet (as Ray Tune trials when ``sweep.runner`` says so), write
+    ``<out>/sweep.parquet`` and the plots, print their paths; 0 when every point completed,
+    RunError (exit 1) naming the points that did not."""
+    on_tune = sweep.runner == "tune"
+    if in_process and on_tune:
+        raise ScenarioError("--in-process", True, "not with --runner tune (each trial runs in a Ray worker of its own)")
+    if (in_process or on_tune) and sweep.parallel > 1:
+        raise ScenarioError("--parallel", sweep.parallel, "1 with --runner tune (Tune runs as many trials at once as "
+                            "the cluster holds)" if on_tune else "1 with --in-process (points run one after another)")
     todo = [p for p in sweep.points if not is_done(p)]  # ScenarioError for a directory of another scenario
-    _prepare(todo, 1 if in_process else sweep.parallel)
+    if on_tune and todo:
+        from raysim.sweep.trials import Trials
+
+        trials = Trials(todo)  # what it can check before anything runs
+    else:
+        _prepare(todo, 1 if in_process else sweep.parallel)
     say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     for point in sweep.points:
         if point not in todo:
             say(f"skipped {point.dir.name}: completed in {point.dir}")
     with _claimed(sweep.out):
-        if todo:
+        if todo and on_tune:
+            try:
+                trials.run(sweep.out, say)
+            except KeyboardInterrupt:
+                raise _stopped(sweep) from None
+        elif todo:
             (_run_in_process if in_process else _run_isolated)(sweep, todo, say)
         from raysim.sweep.plots import write_plots
 
@@ -96,20 +111,6 @@ def _prepare(points: list, parallel: int) -> None:
             raise ScenarioError(exc.key, exc.value, f"{exc.allowed} (at sweep point {point.name}{note})") from None
 
 
-def _started(say, point) -> None:
-    forget_measured(point)
-    point.dir.mkdir(parents=True, exist_ok=True)
-    say(f"start   {point.dir.name}")  # its directory's name: what the user finds on disk
-
-
-def _finished(say, point, measured: dict) -> None:
-    save_measured(point, {**measured, **code_version()})
-    row = point_row(point)
-    ups = row["steady_updates_per_second"]
-    say(f"{'done' if row['status'] == 'completed' else row['status']:7s} {point.dir.name}: {row['status']}, "
-        f"{row['wall_seconds']:.1f} s wall, {'-' if ups is None else f'{ups:.1f}'} updates/s")
-
-
 def _run_isolated(sweep: Sweep, todo: list, say) -> None:
     """Each point as ``python -m raysim.cli run … --quiet`` in a fresh process, measured with its
     whole process tree; ``sweep.parallel`` at once. Ctrl-C (or SIGTERM) ends the running ones
@@ -123,21 +124,21 @@ def _run_isolated(sweep: Sweep, todo: list, say) -> None:
     lock, stopping = threading.Lock(), threading.Event()
 
     def run(point):
-        def started(proc):
+        def launched(proc):
             with lock:
                 running[point.name] = proc.pid
                 if stopping.is_set():  # started while the sweep was stopping
                     proc.terminate()
 
-        _started(say, point)
+        started(say, point)
         figures = measure([sys.executable, "-m", "raysim.cli", "run", files[point.name], *point.overrides, "--quiet",
                            "--replace"],  # a point not completed yet: what an earlier try left is replaced
-                          started=started, env={**os.environ, END_WITH_PARENT: str(os.getpid())})
+                          started=launched, env={**os.environ, END_WITH_PARENT: str(os.getpid())})
         with lock:
             running.pop(point.name, None)
         if stopping.is_set():  # ended by Ctrl-C: nothing to record, the point runs again next time
             return
-        _finished(say, point, {"returncode": figures["returncode"], "wall_seconds": figures["wall_seconds"],
+        finished(say, point, {"returncode": figures["returncode"], "wall_seconds": figures["wall_seconds"],
                                "peak_rss_bytes": figures["peak_rss"], "mode": "isolated"})
 
     pool = ThreadPoolExecutor(max_workers=sweep.parallel)
@@ -191,17 +192,17 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
     from raysim.measure import peak_memory
     from raysim.lifecycle import guarded
 
-    sessions = list(dict.fromkeys(_ray_of(p.cfg) for p in todo))  # points that share a Ray run together
+    sessions = list(dict.fromkeys(ray_of(p.cfg) for p in todo))  # points that share a Ray run together
     with guarded() if any(sessions) else nullcontext():  # no process outlives the sweep's Ray
         session, declared = None, None
         try:
-            for point in sorted(todo, key=lambda p: sessions.index(_ray_of(p.cfg))):
-                if session is None or _ray_of(point.cfg) != declared:
+            for point in sorted(todo, key=lambda p: sessions.index(ray_of(p.cfg))):
+                if session is None or ray_of(point.cfg) != declared:
                     if session is not None:
                         session.close()
-                    session, declared = make_runtime(point.cfg), _ray_of(point.cfg)
+                    session, declared = make_runtime(point.cfg), ray_of(point.cfg)
                     session.start()
-                _started(say, point)
+                started(say, point)
                 began = time.perf_counter()
                 with peak_memory(os.getpid()) as peak:
                     try:
@@ -212,17 +213,11 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
                         code = 1
                     except KeyboardInterrupt:
                         raise _stopped(sweep) from None
-                _finished(say, point, {"returncode": code, "wall_seconds": time.perf_counter() - began,
+                finished(say, point, {"returncode": code, "wall_seconds": time.perf_counter() - began,
                                        "peak_rss_bytes": peak["rss"], "mode": "in-process"})
         finally:
             if session is not None:
                 session.close()
-
-
-def _ray_of(cfg):
-    """What a point's Ray session is started with (None: the local backend, no Ray)."""
-    r = cfg.runtime
-    return None if r.backend == "local" else (r.address, r.num_cpus, r.num_gpus)
 
 
 def _stopped(sweep: Sweep) -> KeyboardInterrupt:
