@@ -290,7 +290,7 @@ class RayRuntime:
     """Starts a private Ray (or joins ``runtime.address`` / the job's cluster), creates the
     ClientActors and the SchedulerActor.
 
-    Run inside a placement group (a Ray Tune trial's: ``raysim sweep --on tune``), the ClientActors
+    Run inside a placement group (a Ray Tune trial's: ``raysim sweep --runner tune``), the ClientActors
     take that group's bundles after the first, which holds this process, one actor per bundle;
     elsewhere the runtime plans them over the cluster's nodes and creates a group of its own."""
 
@@ -405,12 +405,12 @@ class RayRuntime:
 def _bundles_for_actors(group, runtime_cfg) -> int:
     """The ClientActors of a run inside placement group ``group``: one per bundle after the first;
     RunError (one line) when those bundles are not ClientActors' shares (the group is not one
-    that ``raysim sweep --on tune`` planned for this scenario)."""
+    that ``raysim sweep --runner tune`` planned for this scenario)."""
     shares = group.bundle_specs[1:]
     if not shares or any(b != actor_bundle(runtime_cfg) for b in shares):
         raise RunError(f"this run lies in a placement group whose bundles after the first ({shares}) are not "
                        f"ClientActors' shares ({actor_bundle(runtime_cfg)} each): run it outside the group, or plan "
-                       f"the group as raysim sweep --on tune does")
+                       f"the group as raysim sweep --runner tune does")
     return len(shares)
 
 
