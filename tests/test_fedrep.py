@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import checkpointed, hand_context, small_scenario
+from conftest import (HAND_CLASSES, HAND_CLIENTS, HAND_FEATURES, HAND_TRAIN, checkpointed, hand_context, hand_rows,
+                      small_scenario)
 from omegaconf import OmegaConf
 from test_bad_input import cli, one_error_line
 
@@ -16,13 +17,10 @@ import raysim
 from raysim.algorithms import AlgorithmEnv
 from raysim.algorithms.fedrep import FedPer, FedRep
 from raysim.algorithms.keys import FedPerKeys, FedRepKeys
-from raysim.data import FederatedDataset
-from raysim.models import build_model
 from raysim.scenario import ModelConfig
 from raysim.streams import Purpose, stream
 
-CLIENTS = [0, 1]
-TRAIN, TEST, FEATURES, HIDDEN, CLASSES = 12, 5, 3, 4, 3
+FEATURES, CLASSES, HIDDEN = HAND_FEATURES, HAND_CLASSES, 4  # the two hand-made clients of conftest.hand_rows
 BODY = HIDDEN * FEATURES + HIDDEN  # the first Linear layer's weight and bias; the head is the second's
 SPLIT = ["model.personal=output_layer", "model.personal_state=stateful"]
 
@@ -31,16 +29,10 @@ SPLIT = ["model.personal=output_layer", "model.personal_state=stateful"]
 def setup():
     """Two clients with 12 training and 5 test rows of 3 features, 3 classes; a tanh MLP with 4
     hidden units whose output layer is personal, a new client's head the server's (init global)."""
-    rng = np.random.default_rng(3)
-    train_x = [rng.normal(size=(TRAIN, FEATURES)) for _ in CLIENTS]
-    train_y = [rng.integers(0, CLASSES, TRAIN) for _ in CLIENTS]
-    test_x = [rng.normal(size=(TEST, FEATURES)) for _ in CLIENTS]
-    test_y = [rng.integers(0, CLASSES, TEST) for _ in CLIENTS]
-    ds = FederatedDataset.from_clients(train_x, train_y, test_x, test_y, CLASSES, (FEATURES,))
     model_cfg = OmegaConf.structured(ModelConfig(kind="mlp", hidden=[HIDDEN], activation="tanh",
                                                  personal="output_layer", personal_state="stateful",
                                                  personal_init="global"))
-    model = build_model(model_cfg, (FEATURES,), CLASSES, seed=1)
+    ds, model = hand_rows(model_cfg)
     assert model.personal.tolist() == [False] * BODY + [True] * (model.size - BODY)
     return ds, model, model_cfg
 
@@ -89,16 +81,16 @@ def test_fedrep_alternates_head_then_body_by_hand(setup):
 
     x, y = ds.features().astype(np.float64), ds.labels()
     head_mask = model.personal.numpy()
-    for c, (lo, _, _) in enumerate(ds.offsets()[CLIENTS]):
+    for c, (lo, _, _) in enumerate(ds.offsets()[HAND_CLIENTS]):
         rng = stream(0, Purpose.CLIENT_TRAIN, c, 4)
         theta = w.numpy().copy()
         theta[BODY:] = kept.numpy() if c == 0 else w.numpy()[BODY:]
-        order = rng.permutation(TRAIN)
+        order = rng.permutation(HAND_TRAIN)
         for s in range(3):
             rows = lo + order[3 * s:3 * s + 3]
             theta = theta - 0.3 * _grad(theta, x[rows], y[rows]) * head_mask
         assert np.array_equal(theta[:BODY], w.numpy()[:BODY])  # the body has not moved yet
-        order = rng.permutation(TRAIN)
+        order = rng.permutation(HAND_TRAIN)
         head = theta[BODY:].copy()
         for s in range(2):
             rows = lo + order[3 * s:3 * s + 3]
@@ -115,10 +107,10 @@ def test_fedper_trains_body_and_head_together_by_hand(setup):
     w, kept = _start(model)
     updates = algorithm.client_update([{"params": w}] * 2, hand_context(ds, model, [{"head": kept}, None]))
     x, y = ds.features().astype(np.float64), ds.labels()
-    for c, (lo, _, _) in enumerate(ds.offsets()[CLIENTS]):
+    for c, (lo, _, _) in enumerate(ds.offsets()[HAND_CLIENTS]):
         theta = w.numpy().copy()
         theta[BODY:] = kept.numpy() if c == 0 else w.numpy()[BODY:]
-        order = stream(0, Purpose.CLIENT_TRAIN, c, 4).permutation(TRAIN)
+        order = stream(0, Purpose.CLIENT_TRAIN, c, 4).permutation(HAND_TRAIN)
         for s in range(3):
             rows = lo + order[3 * s:3 * s + 3]
             theta = theta - 0.4 * _grad(theta, x[rows], y[rows])
@@ -137,7 +129,7 @@ def test_personalized_evaluation_tests_the_body_with_each_clients_head(setup, cl
     tests = algorithm.personalize([{"params": w}] * 2, hand_context(ds, model, states, Purpose.CLIENT_PERSONALIZE),
                                   0, 0, 0.1)
     x, y = ds.features().astype(np.float64), ds.labels()
-    for c, (_, lo, hi) in enumerate(ds.offsets()[CLIENTS]):
+    for c, (_, lo, hi) in enumerate(ds.offsets()[HAND_CLIENTS]):
         theta = w.numpy().copy()
         if c == 0:
             theta[BODY:] = kept.numpy()
