@@ -15,6 +15,7 @@ import pytest
 from conftest import kill_processes, session_processes, small_overrides
 from omegaconf import OmegaConf
 
+import raysim
 from raysim.cli import main
 from raysim.scenario import load_scenario
 
@@ -46,7 +47,7 @@ def test_random_search_with_asha_stops_trials_and_writes_the_best_scenario(tmp_p
     """The acceptance search: 8 random trials on algorithm.lr, ASHA (grace 2, factor 2) over 8
     rounds evaluated every round: some trials stop early, at a round the table and their summary
     give, with the rows up to it readable and a checkpoint; best.yaml is the best completed
-    trial's scenario (output.dir aside); the same command again samples the same trials and runs
+    trial's scenario (output.dir aside) and runs to its model; the same command again samples the same trials and runs
     none of them again (completed and stopped directories count as finished)."""
     scenario = scenario_file(tmp_path, "execution.rounds=8")
     args = [scenario, *SEARCH, "--samples", "8", "--asha", "--grace-period", "2", "--seed", "3",
@@ -71,6 +72,9 @@ def test_random_search_with_asha_stops_trials_and_writes_the_best_scenario(tmp_p
     assert loaded.output.dir == str(tmp_path / "search" / "best")
     loaded.output.dir = trial.output.dir
     assert loaded == trial and loaded.algorithm.lr == best["algorithm.lr"]
+    rerun_best = raysim.run(str(tmp_path / "search" / "best.yaml"))  # as raysim run best.yaml runs it
+    trial_summary = json.loads((Path(best["output_dir"]) / "summary.json").read_text())
+    assert rerun_best.summary["model_sha256"] == trial_summary["model_sha256"]
 
     written = {r["trial"]: os.stat(Path(r["output_dir"]) / "summary.json").st_mtime_ns for r in table}
     again = tune_cli(*args)
