@@ -45,10 +45,11 @@ def make_runtime(cfg):
 
 
 def execute(cfg, progress=None, began: float | None = None, checkpoint=None, freeze: bool = False,
-            replace: bool = False):
+            replace: bool = False, on_round=None):
     """Prepare and run a loaded scenario on the runtime it names, then close the runtime; returns
     (summary, prepared). ``checkpoint`` resumes a run; ``replace`` replaces an earlier run in the
-    output directory (else it is refused); ``freeze`` loads libraries, data and model as long-lived
+    output directory (else it is refused); ``on_round(row)`` gets each rounds.parquet row as it is
+    logged and may end the run early (:func:`raysim.engine.run.run_scenario`); ``freeze`` loads libraries, data and model as long-lived
     objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
     from contextlib import nullcontext
 
@@ -66,7 +67,8 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
         watch_run(str(cfg.output.dir), out.local_path(LOCK), out.local_path(CHECKPOINT))  # should this process die
         from raysim.engine.run import run_scenario  # torch: loaded by now, beside Ray's start-up
 
-        summary = run_scenario(prepared, runtime, progress=progress, began=began, checkpoint=checkpoint)
+        summary = run_scenario(prepared, runtime, progress=progress, began=began, checkpoint=checkpoint,
+                               on_round=on_round)
     finally:
         runtime.close()
     return summary, prepared

@@ -1,4 +1,4 @@
-"""The ``raysim`` command: run, resume, validate, list, submit, jobs, report, bench, sweep."""
+"""The ``raysim`` command: run, resume, validate, list, submit, jobs, report, bench, sweep, tune."""
 
 from __future__ import annotations
 
@@ -334,6 +334,15 @@ def cmd_sweep(args) -> int:
     return run_sweep(sweep, in_process=args.in_process, quiet=args.quiet)
 
 
+def cmd_tune(args) -> int:
+    from raysim.sweep.search import plan_search, run_search
+
+    search = plan_search(args.scenario, args.overrides, args.search, metric=args.metric, mode=args.mode,
+                         samples=args.samples, algo=args.algo, asha=args.asha, grace_period=args.grace_period,
+                         seed=args.seed, out=args.out)
+    return run_search(search, quiet=args.quiet)
+
+
 def cmd_jobs(args) -> int:
     from actors.jobs import list_or_stop
 
@@ -492,6 +501,27 @@ def parser() -> argparse.ArgumentParser:
                           "so that trials pack onto the cluster")
     swp.add_argument("--quiet", action="store_true", help="no line per point")
     swp.set_defaults(func=cmd_sweep)
+    tun = sub.add_parser("tune", help="search scenario keys as Ray Tune trials (random, grid or optuna), with "
+                                      "ASHA early stopping; search.parquet and best.yaml")
+    tun.add_argument("scenario", help="scenario YAML file")
+    tun.add_argument("overrides", nargs="*", default=[], help="key=value overrides for every trial")
+    tun.add_argument("--search", action="append", default=[], metavar="KEY=SPEC",
+                     help="a key and its range: loguniform(a,b), uniform(a,b), randint(a,b) (a..b-1), choice(v1,…) "
+                          "or v1,v2,… (the only form with --algo grid); repeat for more keys")
+    tun.add_argument("--metric", default="test_accuracy",
+                     help="what ranks trials: a rounds.parquet column (per round: ASHA can use it) or a summary "
+                          "figure such as final_test_accuracy (default test_accuracy)")
+    tun.add_argument("--mode", default="max", help="max or min (default max)")
+    tun.add_argument("--samples", type=int, help="trials (default 1; --algo grid: every point)")
+    tun.add_argument("--algo", default="random", help="random, grid or optuna (TPE) (default random)")
+    tun.add_argument("--asha", action="store_true", help="stop trials early with ASHA (reduction factor 2) on the "
+                                                         "metric's per-round values")
+    tun.add_argument("--grace-period", type=int, default=1, help="rounds a trial runs before ASHA may stop it")
+    tun.add_argument("--seed", type=int, default=0, help="the searcher's seed: the same seed samples the same trials")
+    tun.add_argument("--out", help="the search's directory: <out>/trial_<i>_<params>/ per run, search.parquet, "
+                                   "best.yaml (default results/searches/<name>)")
+    tun.add_argument("--quiet", action="store_true", help="no line per trial on stderr")
+    tun.set_defaults(func=cmd_tune)
     return p
 
 

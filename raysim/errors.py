@@ -51,6 +51,15 @@ class RunError(RuntimeError):
     """The run could not go on; the metrics written so far stay readable."""
 
 
+class RunStopped(Exception):
+    """Raised by a run's ``on_round`` hook to end the run early at logged round ``round`` (e.g. a
+    Tune scheduler stopped the trial): the run ends with a checkpoint and ``status: stopped``."""
+
+    def __init__(self, round: int):
+        self.round = round
+        super().__init__(f"stopped at round {round}")
+
+
 class DivergenceError(RunError):
     """Training produced a non-finite loss or update."""
 

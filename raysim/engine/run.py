@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from raysim.catalog import algorithm_class
 from raysim.engine.checkpoint import CHECKPOINT, Checkpoint
-from raysim.errors import OutputError, RunError, ScenarioError, SchedulerLost
+from raysim.errors import OutputError, RunError, RunStopped, ScenarioError, SchedulerLost
 from raysim.engine.interrupts import cut_short, deferred_signals
 from raysim.engine.run_evaluation import evaluates_on_hosts, new_clients
 from raysim.output import ParquetLog
@@ -81,7 +81,7 @@ class Tally:
 
 
 def run_scenario(prepared, runtime, progress=None, began: float | None = None,
-                 checkpoint: Checkpoint | None = None) -> dict:
+                 checkpoint: Checkpoint | None = None, on_round=None) -> dict:
     """Run a prepared scenario (:func:`raysim.preparation.prepare`) on ``runtime``; returns the
     summary (also saved as summary.json).
 
@@ -91,6 +91,10 @@ def run_scenario(prepared, runtime, progress=None, began: float | None = None,
     ``began`` (a ``time.perf_counter()`` value) is where ``wall_seconds`` starts counting.
     With a ``checkpoint`` (:meth:`Checkpoint.load` of the output directory) the run goes on from
     it.
+    ``on_round(row)`` gets each rounds.parquet row once it is logged; with it the scheduler advances
+    one server step at a time (results are the same), and :class:`raysim.errors.RunStopped` raised
+    by it ends the run there: a checkpoint and a summary with ``status: stopped`` are written and
+    that summary is returned.
     Errors of the run (divergence, no client available, lost actors, disk errors) are raised
     after the rows produced so far and a summary with ``status: failed`` are written; Ctrl-C and
     SIGTERM after a checkpoint and a summary with ``status: interrupted``.
@@ -100,7 +104,7 @@ def run_scenario(prepared, runtime, progress=None, began: float | None = None,
         if checkpoint is None:  # prepare has taken the directory over (an earlier run's files are gone)
             prepared.output.record_run()
             prepared.output.write_text("scenario.yaml", prepared.scenario_yaml)
-        return RunLoop(prepared, runtime, began, checkpoint).execute(progress)
+        return RunLoop(prepared, runtime, began, checkpoint, on_round).execute(progress)
     finally:
         prepared.output.release()
 
@@ -108,7 +112,7 @@ def run_scenario(prepared, runtime, progress=None, began: float | None = None,
 class RunLoop:
     """Runs a prepared scenario on a runtime (see :func:`run_scenario`)."""
 
-    def __init__(self, prepared, runtime, began: float, checkpoint: Checkpoint | None = None):
+    def __init__(self, prepared, runtime, began: float, checkpoint: Checkpoint | None = None, on_round=None):
         cfg = self.cfg = prepared.scenario  # plain dataclasses, as the scheduler and the client hosts get it
         self.prepared, self.runtime = prepared, runtime
         self.out = prepared.output
@@ -124,6 +128,7 @@ class RunLoop:
         self.flushed_at, self.flush_cost = time.monotonic(), 0.0
         self.checkpointed_at, self.checkpoint_cost = time.monotonic(), 0.0
         self.restarts = 0
+        self.on_round = on_round
         own = [name for name in algorithm_class(cfg.algorithm.name).server_diagnostics if name not in DIAGNOSTICS]
         self.diagnostics = (*DIAGNOSTICS, *own)  # the columns whose last values the summary keeps
         self.schemas = {"rounds.parquet": pa.schema([*ROUNDS_SCHEMA, *(pa.field(name, pa.float64(),
@@ -141,6 +146,8 @@ class RunLoop:
                 with deferred_signals(announce=True):
                     self._step(progress)
             final = self.scheduler.finish()
+        except RunStopped as exc:
+            return self._stop("stopped", exc)
         except KeyboardInterrupt as exc:
             self._stop("interrupted", exc)
             raise
@@ -178,6 +185,8 @@ class RunLoop:
     def _step(self, progress) -> None:
         every = self.cfg.output.checkpoint_every
         stop = (self.report["version"] // every + 1) * every if every else None
+        if self.on_round is not None:  # one server step at a time: the hook may end the run after any row
+            stop = self.report["version"] + 1
         try:
             report = self.scheduler.advance(ADVANCE_SECONDS, stop)
             self.report = report
@@ -186,6 +195,8 @@ class RunLoop:
                 progress(report)
             if report["error"]:
                 raise report["error"]
+            for row in report["rounds"] if self.on_round is not None else ():
+                self.on_round(dict(row))
             if self._checkpoint_due(report):
                 self._save_checkpoint()
                 return
@@ -272,13 +283,13 @@ class RunLoop:
 
     # ------------------------------------------------------------------ the end
 
-    def _stop(self, status: str, exc: BaseException) -> None:
-        """After an error or an interruption: write the rows so far (and, interrupted between two
-        steps, a checkpoint), then a summary saying how the run ended. Failures here are reported
-        on stderr and never hide the error that ended the run."""
+    def _stop(self, status: str, exc: BaseException) -> dict:
+        """After an error, an interruption or a stop: write the rows so far (and, interrupted or
+        stopped between two steps, a checkpoint), then a summary saying how the run ended; returns
+        it. Failures here are reported on stderr and never hide the error that ended the run."""
         disk_failed = isinstance(exc, OutputError)  # its line is the one reported; the logs agree already
         try:
-            if status == "interrupted" and self.scheduler is not None and self.logs and not cut_short():
+            if status in ("interrupted", "stopped") and self.scheduler is not None and self.logs and not cut_short():
                 self._save_checkpoint()
             elif cut_short():  # a step was cut short: its state is half done, the last checkpoint stays
                 self._flush()
@@ -286,12 +297,16 @@ class RunLoop:
                 self._close_logs()
         except (OutputError, RunError) as write_error:
             print(f"error: {write_error}", file=sys.stderr)
-        error = "interrupted" if status == "interrupted" else _error_line(exc)
+        error = {"interrupted": "interrupted", "stopped": None}.get(status) or _error_line(exc)
+        summary = self._summary(status, error)
+        if status == "stopped":
+            summary["stopped_at_round"] = exc.round
         try:
-            self._write_summary(self._summary(status, error))
+            self._write_summary(summary)
         except OutputError as write_error:
             if not disk_failed:
                 print(f"error: {write_error}", file=sys.stderr)
+        return summary
 
     def _close_logs(self) -> None:
         self._flush()  # the last rows too reach the logs (and TensorBoard) through _flush
@@ -318,7 +333,7 @@ class RunLoop:
         cfg, model, last = self.cfg, self.prepared.model, self.report["last_eval"]
         final = final or {}
         return {
-            "name": cfg.name, "seed": cfg.seed, "status": status, "error": error,
+            "name": cfg.name, "seed": cfg.seed, "status": status, "error": error, "stopped_at_round": None,
             "backend": cfg.runtime.backend, "mode": cfg.execution.mode,
             "num_actors": self.runtime.num_actors,
             "rounds": self.logs["rounds.parquet"].rows if self.logs else self.tally.rounds,  # as on disk

@@ -235,7 +235,7 @@ def plan_sweep(scenario: str, grid_options=(), overrides=(), repeat: int | None 
     default = points[0].cfg.name if isinstance(source, str) or source else Path(scenario).stem
     out = Path(out) if out else Path("results") / "sweeps" / str(default)
     for point in points:  # the output.dir of each: validated with the scenario's own (any path is)
-        point.dir = out / _dir_name(point.name)
+        point.dir = out / dir_name(point.name)
         point.overrides.append(f"output.dir={value_text(str(point.dir))}")
         point.cfg.output.dir = str(point.dir)
     return Sweep(scenario, axes, repeat, out, parallel, plots, points, runner)
@@ -388,7 +388,7 @@ def _resolved(cfg, key: str):
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
-def _dir_name(name: str) -> str:
+def dir_name(name: str) -> str:
     """A point's directory name: its name with characters a file name should not hold replaced."""
     safe = _UNSAFE.sub("_", name.replace(" ", ""))
     if len(safe) > MAX_NAME or safe in (".", ".."):
@@ -398,7 +398,7 @@ def _dir_name(name: str) -> str:
 
 def _unique(names: list[str]) -> list[str]:
     """Point names, those that sanitize alike made distinct with a hash of the values."""
-    safe = [_dir_name(n) for n in names]
+    safe = [dir_name(n) for n in names]
     return [n if safe.count(s) == 1 else f"{n}-{hashlib.sha256(n.encode()).hexdigest()[:8]}"
             for n, s in zip(names, safe)]
 

@@ -82,8 +82,9 @@ def finished(say, point, measured: dict) -> None:
         f"{row['wall_seconds']:.1f} s wall, {'-' if ups is None else f'{ups:.1f}'} updates/s")
 
 
-def is_done(point) -> bool:
-    """Whether the point's directory holds its completed run. ScenarioError when it holds a run of
+def is_done(point, finished=("completed",)) -> bool:
+    """Whether the point's directory holds its run, ended with a status of ``finished`` (a search
+    counts ``stopped`` too: :mod:`raysim.sweep.search`). ScenarioError when it holds a run of
     another scenario (output.dir aside, and runtime.num_cpus when the scenario leaves it to the sweep):
     one directory never mixes two runs."""
     stored = point.dir / "scenario.yaml"
@@ -109,7 +110,7 @@ def is_done(point) -> bool:
         raise ScenarioError("sweep point", str(point.dir), f"a directory of this point's runs only; it holds a run "
                             f"of another scenario ({key}: {theirs.get(key, 'unset')!r} there, "
                             f"{ours.get(key, 'unset')!r} here): remove it or choose another --out")
-    return _status(point) == "completed"
+    return _status(point) in finished
 
 
 def _status(point) -> str:

@@ -38,7 +38,7 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
     for point in sweep.points:
         if point not in todo:
             say(f"skipped {point.dir.name}: completed in {point.dir}")
-    with _claimed(sweep.out):
+    with claimed(sweep.out):
         if todo and on_tune:
             try:
                 trials.run(sweep.out, say)
@@ -69,7 +69,7 @@ def run_sweep(sweep: Sweep, in_process: bool = False, quiet: bool = False) -> in
 
 
 @contextmanager
-def _claimed(out: Path):
+def claimed(out: Path):
     """Hold the sweep directory's lock (the run lock of :class:`raysim.output.OutputDir`) while
     the sweep runs: a second sweep into it is refused (ScenarioError) instead of mixing runs."""
     from raysim.output import OutputDir

@@ -61,6 +61,21 @@ class Trials:
         """Start (or join) the session, run every point as a trial (Tune's files under ``out``/.tune),
         record each as it ends; Ctrl-C (or SIGTERM) ends the session's trials with it (their points
         run again next time) and raises KeyboardInterrupt."""
+
+        def tuner(bundles):
+            factories = {p.name: placement(p.cfg, bundles[p.name]) for p in self.points}
+            trainable = tune.with_resources(
+                tune.with_parameters(run_point, cfgs={p.name: p.cfg for p in self.points}),
+                lambda config: factories[config["point"]])
+            return tune.Tuner(trainable, param_space={"point": tune.grid_search([p.name for p in self.points])},
+                              run_config=run_config(out, [_Recorder(self.points, say)]))
+
+        self.fit(tuner)
+
+    def fit(self, make_tuner):
+        """Start (or join) the session, fit the ``tune.Tuner`` that ``make_tuner(bundles)`` makes
+        (``bundles``: point name -> its placement-group bundles) and return its ResultGrid; Ctrl-C
+        (or SIGTERM) ends the session's trials with it and raises KeyboardInterrupt."""
         from actors.runtime import RayRuntime, cluster_nodes
         from raysim.lifecycle import guarded
 
@@ -68,20 +83,23 @@ class Trials:
         with guarded() if self.starts_ray else nullcontext():  # no process of the sweep's own Ray outlives it
             try:
                 session.start()  # nothing when Ray is initialized already
-                bundles = self.bundles or _plan(self.points, cluster_nodes())
-                factories = {p.name: tune.PlacementGroupFactory(bundles[p.name], strategy=_strategy(p.cfg))
-                             for p in self.points}
-                trainable = tune.with_resources(
-                    tune.with_parameters(run_point, cfgs={p.name: p.cfg for p in self.points}),
-                    lambda config: factories[config["point"]])
-                run_config = tune.RunConfig(storage_path=str((out / TUNE_DIR).resolve()), verbose=0,
-                                            callbacks=[_Recorder(self.points, say), JsonLoggerCallback()])
-                tuner = tune.Tuner(trainable, param_space={"point": tune.grid_search([p.name for p in self.points])},
-                                   run_config=run_config)
+                tuner = make_tuner(self.bundles or _plan(self.points, cluster_nodes()))
                 with _environment(_ENV):
-                    tuner.fit()
+                    return tuner.fit()
             finally:
                 session.close()  # the Ray it started or joined: trials still running end with it
+
+
+def run_config(out, callbacks: list) -> tune.RunConfig:
+    """Tune's run configuration for trials under ``out``: its files in ``out``/.tune, no tables on
+    stdout, ``callbacks`` and a result.json per trial."""
+    return tune.RunConfig(storage_path=str((out / TUNE_DIR).resolve()), verbose=0,
+                          callbacks=[*callbacks, JsonLoggerCallback()])
+
+
+def placement(cfg, bundles: list) -> tune.PlacementGroupFactory:
+    """A trial's resources: a placement group of ``bundles`` with the scenario's strategy."""
+    return tune.PlacementGroupFactory(bundles, strategy=_strategy(cfg))
 
 
 def run_point(config: dict, cfgs: dict) -> None:
