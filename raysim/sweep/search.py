@@ -16,6 +16,7 @@ reported again (so that ASHA sees them), and it keeps its status.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import queue
 import re
@@ -184,6 +185,8 @@ class SearchTrial(tune.Trainable):
     :meth:`cleanup` (Tune stopped the trial, or it ended) waits for the run's summary."""
 
     def setup(self, config: dict, search: Search = None):
+        # Tune saves an empty checkpoint as a trial pauses or ends and says so at INFO: noise on the sweep's stderr
+        logging.getLogger("ray.train").setLevel(logging.WARNING)
         self.search, self.results, self.go = search, queue.Queue(), threading.Semaphore(0)
         self.stopping, self.stepped = False, False
         self.last = None  # the metric's value reported last
