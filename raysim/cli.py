@@ -372,16 +372,16 @@ def cmd_bench(args) -> int:
             raise ScenarioError(option, value, "an integer >= 1")
     stages = next((name for name in ("privacy", "compression", "personalization") if getattr(args, name)), None)
     if args.baseline is not None:
-        if args.durability or args.aggregators or args.scale or stages:
-            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale, --privacy, "
-                                                             "--compression or --personalization with it (it runs "
-                                                             "beside W1, W2 and --async)")
+        if args.durability or args.aggregators or args.scale or args.sweep or stages:
+            raise ScenarioError("--baseline", args.baseline, "no --durability, --aggregators, --scale, --sweep, "
+                                                             "--privacy, --compression or --personalization with it "
+                                                             "(it runs beside W1, W2 and --async)")
         if not all((Path(args.baseline) / part).exists() for part in ("raysim/cli.py", "scenarios/bench")):
             raise ScenarioError("--baseline", args.baseline, "a raysim checkout, with raysim/cli.py and "
                                                              "scenarios/bench/ (git worktree add DIR COMMIT makes one)")
     return run_bench(w2=args.w2, only=args.only, out_dir=args.out, repeat=args.repeat, asynchronous=args.asynchronous,
                      durability=args.durability, events=args.events, aggregators=args.aggregators, scale=args.scale,
-                     scale_clients=args.clients, baseline=args.baseline, stages=stages)
+                     scale_clients=args.clients, baseline=args.baseline, stages=stages, sweep=args.sweep)
 
 
 def _job_options(p, address: str) -> None:
@@ -468,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
                        help="W1 (60 rounds) with Ditto, FedPer, FedRep, LG-FedAvg, APFL, pFedMe and local-only "
                             "training against FedAvg, and FedBN against FedAvg on W1 with the digits and the "
                             "BatchNorm CNN: each baseline's cost per client update")
+    bench.add_argument("--sweep", action="store_true",
+                       help="a four-point W1 sweep (isolated processes, --in-process, --runner tune) against four "
+                            "isolated W1 runs and against four times W1's steady training time")
     bench.add_argument("--clients", type=int, default=1_000_000, help="registered clients of --scale's large run")
     bench.add_argument("--only", choices=["raysim", "bare"], help="run one side only")
     bench.add_argument("--baseline", metavar="DIR",

@@ -179,9 +179,10 @@ MODES = {
 # stage another mode covers run with --runslow only, to keep the short version's time: the asynchronous
 # modes of baselines whose synchronous mode it runs (ditto, fedrep), Per-FedAvg's second-order variants
 # (perfedavg_fo runs the same task shape), FedYogi (the server optimizers' path: fedacg, fedadam_fedbuff),
-# local DP (a client stage like top-k with EF, under the same FedBuff loop)
+# local DP (a client stage like top-k with EF, under the same FedBuff loop), pFedMe and FedBN (kept per-client
+# models and parts: ditto, apfl and fedrep run those paths)
 FULL_VERSION_ONLY = {"ditto_fedbuff", "fedper_fedasync", "perfedavg_hvp", "perfedavg_hf", "fedyogi",
-                     "local_dp_fedbuff"}
+                     "local_dp_fedbuff", "pfedme", "fedbn"}
 
 
 @pytest.mark.parametrize("mode", list(MODES))

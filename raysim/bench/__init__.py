@@ -163,12 +163,12 @@ def run_stage_bench(out: Path, repeat: int, variants: dict) -> dict:
 def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results/bench", repeat: int = 1,
               asynchronous: bool = False, durability: bool = False, events: int = 1_000_000,
               aggregators: bool = False, scale: bool = False, scale_clients: int = 1_000_000,
-              baseline: str | None = None, stages: str | None = None) -> int:
+              baseline: str | None = None, stages: str | None = None, sweep: bool = False) -> int:
     """Run W1 (and W2) on both sides ``repeat`` times (interleaved), print every run, the medians
     and the ratios of the medians; writes bench.json in ``out_dir``. ``baseline``: a raysim checkout
     run as a third side (and beside the scheduler of ``asynchronous``). ``durability``,
     ``asynchronous``, ``aggregators``, ``scale`` and ``stages`` (a name of :data:`STAGE_BENCHES`)
-    run those benchmarks instead."""
+    run those benchmarks instead; so does ``sweep`` (:mod:`raysim.bench.sweep`)."""
     checkout = Path(baseline).resolve() if baseline else None
     out = Path(out_dir)
     if scale:
@@ -180,6 +180,12 @@ def run_bench(w2: bool = False, only: str | None = None, out_dir: str = "results
         (out / "bench_scale.json").write_text(json.dumps(run_scale_bench(out, repeat, scale_clients), indent=2) + "\n")
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    if sweep:
+        from raysim.bench.sweep import run_sweep_bench
+
+        print(f"raysim bench --sweep on {os.cpu_count()} CPUs; each run and each sweep in a fresh process")
+        (out / "bench_sweep.json").write_text(json.dumps(run_sweep_bench(out, repeat), indent=2) + "\n")
+        return 0
     if aggregators:
         from raysim.bench.aggregators import run_aggregator_bench
 
