@@ -290,10 +290,10 @@ def test_bench_baseline_side_runs_the_other_checkouts_raysim_on_its_own_scenario
 
 @pytest.mark.parametrize("extra, allowed", [
     ([], "a raysim checkout, with raysim/cli.py and scenarios/bench/ (git worktree add DIR COMMIT makes one)"),
-    (["--scale"], "no --durability, --aggregators, --scale, --privacy, --compression or --personalization with it "
-                   "(it runs beside W1, W2 and --async)"),
-    (["--personalization"], "no --durability, --aggregators, --scale, --privacy, --compression or --personalization "
-                            "with it (it runs beside W1, W2 and --async)")])
+    (["--scale"], "no --durability, --aggregators, --scale, --sweep, --privacy, --compression or --personalization "
+                   "with it (it runs beside W1, W2 and --async)"),
+    (["--sweep"], "no --durability, --aggregators, --scale, --sweep, --privacy, --compression or --personalization "
+                  "with it (it runs beside W1, W2 and --async)")])
 def test_bench_baseline_that_cannot_run_is_one_error_line(tmp_path, capsys, extra, allowed):
     from raysim.cli import main
 

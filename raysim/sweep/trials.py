@@ -38,9 +38,9 @@ _ENV = {"RAY_AIR_NEW_OUTPUT": "0",  # with verbose=0: Tune prints no tables on s
 
 class Trials:
     """The trials of ``points``: the Ray session they share (the runtime section of the ray-backend
-    points, which must declare one Ray) and, when the sweep starts that Ray itself, each point's
-    bundles, checked before anything runs (ScenarioError, one line); on a cluster joined
-    (``runtime.address``, a Ray job's, or a Ray already initialized here) they are checked once
+    points, which must declare one Ray) and, when the sweep starts that Ray itself or finds it
+    initialized in this process, each point's bundles, checked before anything runs (ScenarioError,
+    one line); on a cluster joined (``runtime.address``, a Ray job's) they are checked once
     joined, before any trial starts."""
 
     def __init__(self, points: list):
@@ -56,6 +56,10 @@ class Trials:
         if self.starts_ray:
             cpus, gpus = embedded_resources(self.runtime_cfg)
             self.bundles = _plan(points, [(cpus, gpus or 0.0)])
+        elif ray.is_initialized():  # the caller's Ray (the Python API): its nodes are known now
+            from actors.runtime import cluster_nodes
+
+            self.bundles = _plan(points, cluster_nodes())
 
     def run(self, out, say) -> None:
         """Start (or join) the session, run every point as a trial (Tune's files under ``out``/.tune),
