@@ -123,6 +123,23 @@ HAND_CLIENTS = [0, 1]
 HAND_TRAIN, HAND_TEST, HAND_FEATURES, HAND_CLASSES = 12, 5, 3, 3
 
 
+
+def cli_in_own_session(*args, timeout=300):
+    """``python -m raysim.cli ARGS`` in a process (and session) of its own, as a CompletedProcess:
+    whatever of its Ray is left when it ends is killed, also when the test fails."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        kill_processes(session_processes(proc.pid))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def hand_rows(model_cfg):
     """(data set, model built from ``model_cfg``) of the two :data:`HAND_CLIENTS`."""
     import numpy as np

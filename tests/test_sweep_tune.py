@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import init_session_ray, kill_processes, session_processes
+from conftest import cli_in_own_session, init_session_ray
 
 from raysim.api import execute
 from raysim.scenario import load_scenario
@@ -38,14 +37,7 @@ POINTS = [f"algorithm.lr={lr},backend={b},repeat=0" for lr in (0.05, 0.1) for b 
 def sweep_cli(*args, timeout=240) -> subprocess.CompletedProcess:
     """``raysim sweep … --runner tune`` in a process (and session) of its own: whatever of its Ray is left
     when it ends is killed, also when the test fails."""
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "sweep", *args, "--runner", "tune"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-        kill_processes(session_processes(proc.pid))
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return cli_in_own_session("sweep", *args, "--runner", "tune", timeout=timeout)
 
 
 def summary(point_dir: Path) -> dict:

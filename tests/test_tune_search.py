@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import kill_processes, session_processes, small_overrides
+from conftest import cli_in_own_session, small_overrides
 from omegaconf import OmegaConf
 
 import raysim
@@ -33,14 +32,7 @@ def scenario_file(tmp_path: Path, *overrides) -> str:
 def tune_cli(*args, timeout=300) -> subprocess.CompletedProcess:
     """``raysim tune …`` in a process (and session) of its own: whatever of its Ray is left when it
     ends is killed, also when the test fails."""
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "tune", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-        kill_processes(session_processes(proc.pid))
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return cli_in_own_session("tune", *args, timeout=timeout)
 
 
 def test_random_search_with_asha_stops_trials_and_writes_the_best_scenario(tmp_path):

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from raysim.report.tables import mean_std
+
 METHODS = ["none", "fp16", "bf16", "qsgd_s2", "qsgd_s4", "qsgd_s16", "topk_10", "topk_10_ef", "topk_1",
            "topk_1_ef", "topk_1_ef21", "sign", "sign_ef", "secagg"]
 LABELS = {"none": "none (float32)", "fp16": "fp16", "bf16": "bf16", "qsgd_s2": "QSGD s = 2",
@@ -30,13 +32,6 @@ LABELS = {"none": "none (float32)", "fp16": "fp16", "bf16": "bf16", "qsgd_s2": "
           "topk_1": "top-k 1%", "topk_1_ef": "top-k 1% + EF", "sign": "scaled sign", "sign_ef": "scaled sign + EF",
           "topk_1_ef21": "top-k 1% + EF21", "secagg": "secure aggregation (32-bit field)"}
 TARGETS = (0.90, 0.97)  # of the same seed's uncompressed final accuracy; fixed before the sweep ran
-
-
-def pm(values, digits: int = 1) -> str:
-    values = np.asarray(values, dtype=float)
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
 def upload_share(events) -> float:
@@ -91,7 +86,7 @@ def to_target(runs: dict, base: dict, share: float) -> tuple[str, str, str]:
     if not reached:
         return "not reached", "—", "—"
     note = "" if len(reached) == len(hits) else f" ({len(reached)}/{len(hits)} seeds)"
-    return pm([h[0] for h in reached], 0) + note, pm([h[1] for h in reached], 0), pm([h[2] for h in reached], 1)
+    return mean_std([h[0] for h in reached], 0) + note, mean_std([h[1] for h in reached], 0), mean_std([h[2] for h in reached], 1)
 
 
 def time_ratio(runs: dict, base: dict, share: float) -> str:
@@ -103,7 +98,7 @@ def time_ratio(runs: dict, base: dict, share: float) -> str:
         mine, theirs = first_reach(run, target)[0], first_reach(base[seed], target)[0]
         if not (math.isnan(mine) or math.isnan(theirs)):
             ratios.append(mine / theirs)
-    return pm(ratios, 2) if ratios else "—"
+    return mean_std(ratios, 2) if ratios else "—"
 
 
 def main(argv=None) -> int:
@@ -127,9 +122,9 @@ def main(argv=None) -> int:
         t90, r90, mb90 = to_target(runs, base, TARGETS[0])
         t97, r97, _ = to_target(runs, base, TARGETS[1])
         first = next(iter(runs.values()))
-        print(f"| {LABELS.get(m, m)} | {pm([r['final'] for r in runs.values()])} | "
-              f"{'—' if m == 'none' else pm(gap)} | {first['kb_per_upload']:.1f} | {first['mb_per_round']:.2f} | "
-              f"{pm([r['round_time'] for r in runs.values()], 2)} | "
+        print(f"| {LABELS.get(m, m)} | {mean_std([r['final'] for r in runs.values()])} | "
+              f"{'—' if m == 'none' else mean_std(gap)} | {first['kb_per_upload']:.1f} | {first['mb_per_round']:.2f} | "
+              f"{mean_std([r['round_time'] for r in runs.values()], 2)} | "
               f"{100 * np.mean([r['upload_share'] for r in runs.values()]):.0f}% | {t90} | "
               f"{time_ratio(runs, base, TARGETS[0])} | {r90} | {mb90} | {t97} | "
               f"{time_ratio(runs, base, TARGETS[1])} | {r97} |")

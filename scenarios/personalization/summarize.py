@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from raysim.report.tables import mean_std
+
 DATA_SETS = {"pathological": "digits, 2 label shards a client", "dirichlet": "digits, Dirichlet(0.3) label skew",
              "feature_shift": "digits, feature shift (IID labels)", "leaf_synthetic": "leaf_synthetic(1, 1)"}
 METHODS = {"fedavg": "FedAvg + fine-tuning", "local_only": "local only", "ditto": "Ditto", "fedrep": "FedRep",
@@ -29,15 +31,6 @@ METHODS = {"fedavg": "FedAvg + fine-tuning", "local_only": "local only", "ditto"
 SHARED_MODEL = {"fedavg", "ditto", "apfl", "pfedme", "perfedavg", "fedavg_bn_cnn"}  # a whole global model to deploy
 REFERENCE = {"fedbn": "fedavg_bn_cnn", "fedavg_bn_cnn": "fedavg_bn_cnn"}  # the time target's run (else fedavg's)
 TARGET_SHARE = 0.9  # of the reference's final personalized accuracy
-
-
-def pm(values, digits: int = 1) -> str:
-    values = np.asarray([v for v in values if v is not None], dtype=float)
-    if not len(values):
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
 def load(results: Path) -> dict:
@@ -82,10 +75,10 @@ def table(runs: dict) -> list:
             reference = runs.get((data_set, REFERENCE.get(method, "fedavg")), {})
             times = [time_to(run, TARGET_SHARE * reference[s]["mean"]) for s, run in seeds.items() if s in reference]
             missed = sum(t is None for t in times)
-            row = [label, pm([r["mean"] for r in seeds.values()]), pm([r["p10"] for r in seeds.values()]),
-                   pm([r["spread"] for r in seeds.values()]), pm([r["new"] for r in seeds.values()]),
-                   pm([r["global"] for r in seeds.values()]) if method in SHARED_MODEL else "—",
-                   pm(times, 0) + (f" ({missed} of {len(times)} never)" if missed else "")]
+            row = [label, mean_std([r["mean"] for r in seeds.values()]), mean_std([r["p10"] for r in seeds.values()]),
+                   mean_std([r["spread"] for r in seeds.values()]), mean_std([r["new"] for r in seeds.values()]),
+                   mean_std([r["global"] for r in seeds.values()]) if method in SHARED_MODEL else "—",
+                   mean_std(times, 0) + (f" ({missed} of {len(times)} never)" if missed else "")]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     return lines

@@ -19,12 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-
-def pm(values, digits: int = 2) -> str:
-    values = np.asarray(values, dtype=float)
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
+from raysim.report.tables import mean_std
 
 
 def points(results: Path) -> dict:
@@ -56,10 +51,10 @@ def row(label: str, runs: list, plain: list | None = None) -> str:
     z = [r["z"] for r in runs if r["z"] is not None]
     eps = [r["epsilon"] for r in runs if r["epsilon"] is not None]
     clips = [r["clip"] for r in runs if r["clip"] is not None]
-    return (f"| {label} | {pm([r['accuracy'] for r in runs])} | {np.mean(z):.3f} |" if z else
-            f"| {label} | {pm([r['accuracy'] for r in runs])} | — |") + \
-        (f" {pm(eps, 3)} |" if eps else " ∞ |") + (f" {pm(clips, 3)} |" if clips else " — |") + \
-        (f" {pm(gap(runs, plain))} |" if plain is not None else " — |")
+    return (f"| {label} | {mean_std([r['accuracy'] for r in runs], 2)} | {np.mean(z):.3f} |" if z else
+            f"| {label} | {mean_std([r['accuracy'] for r in runs], 2)} | — |") + \
+        (f" {mean_std(eps, 3)} |" if eps else " ∞ |") + (f" {mean_std(clips, 3)} |" if clips else " — |") + \
+        (f" {mean_std(gap(runs, plain), 2)} |" if plain is not None else " — |")
 
 
 def gap(runs: list, plain: list) -> list:

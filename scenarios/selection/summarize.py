@@ -19,18 +19,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from raysim.report.tables import mean_std
+
 SCENARIOS = {"../stragglers/sync_wait_all.yaml": "wait for all", "../stragglers/sync_deadline.yaml": "30 s deadline"}
 POLICIES = ["uniform", "power_of_choice", "oort"]
 TARGETS = (0.60, 0.65)  # test accuracy; fixed before the sweep ran
-
-
-def pm(values, digits: int = 1) -> str:
-    values = np.asarray(values, dtype=float)
-    if not len(values):
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
 def load(results: Path) -> dict:
@@ -68,14 +61,14 @@ def table(runs: dict) -> list:
             seeds = runs.get((scenario, policy), {})
             if not seeds:
                 continue
-            row = [policy, pm([r["final"] for r in seeds.values()]), pm([r["round_s"] for r in seeds.values()]),
-                   pm([r["late"] for r in seeds.values()], 0)]
+            row = [policy, mean_std([r["final"] for r in seeds.values()]), mean_std([r["round_s"] for r in seeds.values()]),
+                   mean_std([r["late"] for r in seeds.values()], 0)]
             for t in TARGETS:
                 times = [r["reach"][t] for r in seeds.values() if r["reach"][t] is not None]
                 ratios = [uniform[s]["reach"][t] / r["reach"][t] for s, r in seeds.items()
                           if r["reach"][t] and s in uniform and uniform[s]["reach"][t]]
                 missed = len(seeds) - len(times)
-                row += [pm(times, 0) + (f" ({missed} not reached)" if missed else ""), pm(ratios, 2)]
+                row += [mean_std(times, 0) + (f" ({missed} not reached)" if missed else ""), mean_std(ratios, 2)]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     return lines

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from raysim.report.tables import mean_std
+
 HERE = Path(__file__).resolve().parent
 
 ABLATION = ["fedprox_reg_only", "fedavgm_momentum_only", "fedacg_no_lookahead", "fedacg_no_reg"]
@@ -102,18 +104,11 @@ def first_hit(rnd: np.ndarray, e: np.ndarray, target: float):
     return int(rnd[hit[0]]) if len(hit) else None
 
 
-def pm(values, digits=2) -> str:
-    values = np.asarray(values, dtype=float)
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
-
-
 def hits_cell(hits: list) -> str:
     got = [h for h in hits if h is not None]
     if not got:
         return "never"
-    cell = pm(got, 0) if len(got) > 1 else str(got[0])
+    cell = mean_std(got, 0) if len(got) > 1 else str(got[0])
     return cell if len(got) == len(hits) else f"{cell} ({len(got)}/{len(hits)} seeds)"
 
 
@@ -164,12 +159,12 @@ def summarize_setting(setting: str, found: dict, figures: Path) -> None:
     best = {}
     for _, method, value in sorted(keys, key=lambda k: (FEW.index(k[1]), str(k[2]))):
         final, hits, curve = cells(found[setting, method, value], targets)
-        print(f"| {label(method, value)} | {pm(final)} | {' | '.join(hits)} |")
+        print(f"| {label(method, value)} | {mean_std(final, 2)} | {' | '.join(hits)} |")
         if method not in best or final.mean() > best[method][1].mean():
             best[method] = (value, final, hits, curve)
     print(f"\nEach method at its best value:\n\n| method | final EMA acc. % | {head} |\n|---|---|" + "---|" * len(targets))
     for method, (value, final, hits, _) in sorted(best.items(), key=lambda kv: -kv[1][1].mean()):
-        print(f"| {label(method, value)} | {pm(final)} | {' | '.join(hits)} |")
+        print(f"| {label(method, value)} | {mean_std(final, 2)} | {' | '.join(hits)} |")
     grid = {k[2]: cells(found[k], targets)[0].mean() for k in keys if k[1] == "fedacg"}
     lambdas, betas = sorted({v[0] for v in grid}), sorted({v[1] for v in grid})
     print("\nFedACG, final EMA acc. % (rows λ, columns β):\n\n| λ \\ β | " + " | ".join(f"{b:g}" for b in betas)
@@ -196,7 +191,7 @@ def summarize_ablation(setting: str, found: dict, figures: Path) -> None:
     for mom, acc, reg, m, v in rows:
         final, hits, curve = cells(found[setting, m, v], targets)
         curves_by_label[label(m, v)] = curve
-        print(f"| {mom} | {acc} | {reg} | {label(m, v)} | {PAPER_ABLATION[m]:.2f} | {pm(final)} | "
+        print(f"| {mom} | {acc} | {reg} | {label(m, v)} | {PAPER_ABLATION[m]:.2f} | {mean_std(final, 2)} | "
               f"{final.mean() - base:+.2f} | {' / '.join(hits)} |")
     draw(curves_by_label, "ablation: " + title, figures / f"fedacg_{setting}_ablation.png")
 
