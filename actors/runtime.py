@@ -17,11 +17,10 @@ import socket
 import threading
 from dataclasses import dataclass
 
-import psutil
 import ray
 from ray._private import ray_constants
 from ray._private.services import canonicalize_bootstrap_address
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -133,6 +132,18 @@ def actor_bundle(runtime_cfg) -> dict:
     return bundle
 
 
+def actor_options(runtime_cfg) -> dict:
+    """A ClientActor's Ray options: its CPUs and GPUs."""
+    return dict(num_cpus=runtime_cfg.cpus_per_actor, num_gpus=runtime_cfg.gpus_per_actor)
+
+
+def own_group(runtime_cfg, num_actors: int):
+    """A placement group of ``num_actors`` ClientActors' bundles, spread or packed over the nodes as
+    ``runtime.placement`` says."""
+    return placement_group([actor_bundle(runtime_cfg)] * num_actors,
+                           strategy="SPREAD" if runtime_cfg.placement == "spread" else "PACK")
+
+
 @dataclass
 class Pending:
     """A call to a ClientActor, kept with its arguments until its result is in, so that it can be
@@ -149,21 +160,34 @@ class Pending:
 class ClientActorGroup:
     """The ClientActors as seen by the scheduler: broadcast through the object store, submit, gather.
 
-    Creates ``num_actors`` actors of ``actor_class`` (ClientActor), actor i from
-    ``(*args, i)`` with Ray ``options``, in bundle ``first_bundle + i`` of placement group ``group``. One that dies
-    (its process killed, its node lost) is replaced by a new one in the same bundle, at most
-    :data:`ACTOR_REPLACEMENTS` times, and its calls are sent again (a task is a pure function of its
-    inputs, so the results are the same); :meth:`lost_tasks` reports those tasks. Picklable, so
-    the SchedulerActor can hold it (the actors it creates there are that actor's)."""
+    Creates ``num_actors`` actors of ``actor_class`` (ClientActor), actor i from ``i`` with Ray
+    ``options``, in bundle ``first_bundle + i`` of placement group ``group``; :meth:`load` gives
+    them a run, and may give the same actors another run later. One that dies (its process killed,
+    its node lost) is replaced by a new one in the same bundle, loaded as the others, at most
+    :data:`ACTOR_REPLACEMENTS` times a run, and its calls are sent again (a task is a pure function
+    of its inputs, so the results are the same); :meth:`lost_tasks` reports those tasks. Picklable,
+    so the SchedulerActor can hold it (the actors it creates there are that actor's)."""
 
-    def __init__(self, actor_class, args: tuple, options: dict, group, num_actors: int, first_bundle: int = 0):
-        self._spawn = (actor_class, args, options, group, first_bundle)
+    def __init__(self, actor_class, options: dict, group, num_actors: int, first_bundle: int = 0):
+        self._spawn = (actor_class, options, group, first_bundle)
+        self._run = None  # the arguments of the run the actors hold (load's)
         self.actors = [self._create(i) for i in range(num_actors)]
         self.num_actors = num_actors
         self.nodes = [""] * num_actors  # nodes[i]: the node id of actor i (set by describe)
         self._replaced = [0] * num_actors
         self._lost = []
         self._deaths = []
+
+    def load(self, *run) -> None:
+        """Give every actor the run ``run`` (ClientActor.load's arguments) and wait until each holds
+        it; the run's count of replacements, lost tasks and deaths starts afresh. RunError (one line)
+        when an actor cannot load it."""
+        self._run = run
+        self._replaced, self._lost, self._deaths = [0] * self.num_actors, [], []
+        try:
+            self.gather([self._send(i, "load", run) for i in range(self.num_actors)])
+        except RayTaskError as exc:  # what the ClientHost raised: its last line
+            raise RunError(f"a ClientActor could not load the run: {last_line(exc)}") from None
 
     def broadcast(self, payload: dict):
         """An object-store reference to the payload, or the payload itself when it is small (a
@@ -204,9 +228,19 @@ class ClientActorGroup:
         return deaths
 
     def _create(self, actor: int):
-        actor_class, args, options, group, first_bundle = self._spawn
+        """A new actor ``actor`` in its bundle, sent the run the others hold (an actor runs its calls in
+        the order they were sent: the load before anything else)."""
+        actor_class, options, group, first_bundle = self._spawn
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=first_bundle + actor)
-        return actor_class.options(**options, scheduling_strategy=strategy).remote(*args, actor)
+        handle = actor_class.options(**options, scheduling_strategy=strategy).remote(actor)
+        if self._run is not None:
+            handle.load.remote(*self._run)
+        return handle
+
+    def close(self) -> None:
+        """End the actors."""
+        for actor in self.actors:
+            ray.kill(actor)
 
     def _send(self, actor: int, method: str, args: tuple) -> Pending:
         ref = getattr(self.actors[actor], method).remote(*args)
@@ -294,10 +328,12 @@ class RayRuntime:
     take that group's bundles after the first, which holds this process, one actor per bundle;
     elsewhere the runtime plans them over the cluster's nodes and creates a group of its own."""
 
-    def __init__(self, runtime_cfg):
+    def __init__(self, runtime_cfg, warm: WarmActors | None = None):
         if runtime_cfg.address and not ray.is_initialized():
             _check_reachable(runtime_cfg.address)  # before the run claims its directory
         self.cfg = runtime_cfg
+        self.warm = warm  # where this run's ClientActors come from and go back to, if it takes warm ones
+        self._lent = None  # the WarmActors this runtime lends to the runs that share its Ray session
         self.client_actors = None
         self.num_actors = 0
         self._table = None
@@ -330,7 +366,8 @@ class RayRuntime:
         try:
             # Ctrl-C waits for ray.init to return: raised inside it, KeyboardInterrupt can leave a
             # lock of the logging module held, and the clean-up below then hangs on it
-            with _signal_handlers_kept(), deferred_signals():
+            with _signal_handlers_kept(), deferred_signals(), \
+                    _without_idle_daemons() if address is None else contextlib.nullcontext():
                 ray.init(**options, logging_level=logging.WARNING)
         except BaseException as exc:  # e.g. Ctrl-C, or its raylet lost as it started: end what ray.init had started
             with contextlib.suppress(Exception):
@@ -338,8 +375,6 @@ class RayRuntime:
             if isinstance(exc, Exception):
                 raise RunError(f"Ray did not start: {first_line(exc)}") from None
             raise
-        if address is None:
-            _stop_idle_daemons()
         self._owns_ray = True
 
     def load(self, scenario, dataset):
@@ -348,19 +383,24 @@ class RayRuntime:
 
         cfg = self.cfg
         self.start()
-        group, first = get_current_placement_group(), 1  # a trial's: bundle 0 holds this process
-        if group is None:
-            self.num_actors, first = plan_actors(cfg, cluster_nodes()), 0
-            self._group = group = placement_group([actor_bundle(cfg)] * self.num_actors,
-                                                  strategy="SPREAD" if cfg.placement == "spread" else "PACK")
-        else:
+        group = get_current_placement_group()  # a trial's: bundle 0 holds this process
+        if group is not None:
             self.num_actors = _bundles_for_actors(group, cfg)
-        STARTUP.info(f"starting {self.num_actors} client actor{'s' if self.num_actors != 1 else ''} …")
+        else:
+            self.num_actors = plan_actors(cfg, cluster_nodes())
+        plural = "s" if self.num_actors != 1 else ""
+        if group is None and self.warm is not None:
+            STARTUP.info(f"loading the run into {self.num_actors} warm client actor{plural} …")
+            self.client_actors = self.warm.take(cfg, self.num_actors)
+        else:
+            STARTUP.info(f"starting {self.num_actors} client actor{plural} …")
+            if group is None:
+                self._group = group = own_group(cfg, self.num_actors)
+            self.client_actors = ClientActorGroup(ClientActor, actor_options(cfg), group, self.num_actors,
+                                                  first_bundle=0 if self._group is not None else 1)
         self._table = ray.put(dataset.table)  # the data set travels once; actors map it zero-copy
-        self.client_actors = ClientActorGroup(ClientActor, (scenario, self._table),
-                              dict(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor), group,
-                              self.num_actors, first)
-        self.client_actors.describe()  # waits until every actor is up (one that dies meanwhile is replaced)
+        self.client_actors.load(scenario, self._table)  # waits until every actor holds the run
+        self.client_actors.describe()
         return open_dataset(ray.get(self._table))  # zero-copy view: the driver's own copy can go
 
     def scheduler(self, scenario, dataset):
@@ -387,19 +427,68 @@ class RayRuntime:
             return ray.get(self._scheduler.describe.remote())
         return self.client_actors.describe()
 
+    def warm_actors(self) -> WarmActors:
+        """ClientActors to lend to the runs that share this runtime's Ray session; :meth:`close`
+        ends them."""
+        if self._lent is None:
+            self._lent = WarmActors()
+        return self._lent
+
     def close(self) -> None:
         """Shut down the embedded Ray, or only this run's actors (and its placement group, not the
-        one it ran inside) when Ray was already running."""
+        one it ran inside) when Ray was already running; warm ClientActors stay, for the next run."""
+        if self._lent is not None:
+            self._lent.close()
+            self._lent = None
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
         else:
-            for actor in (self.client_actors.actors if self.client_actors is not None else []) + \
-                    ([self._scheduler] if self._scheduler is not None else []):
-                ray.kill(actor)
+            if self._scheduler is not None:
+                ray.kill(self._scheduler)
+            if self.client_actors is not None and self.warm is None:
+                self.client_actors.close()
             if self._group is not None:
                 remove_placement_group(self._group)
         self.client_actors, self._scheduler, self._group = None, None, None
+
+
+class WarmActors:
+    """ClientActors kept from one run to the next in one Ray session (``raysim sweep --in-process``).
+
+    A run takes them over (:meth:`take`) when it wants as many with the same share of a node and
+    the same placement: they are up, with torch and raysim's engine loaded, and the run loads its
+    own scenario and data set into them (a new ClientHost each; nothing of an earlier run stays).
+    A run that wants others gets new ones, and the old ones end."""
+
+    def __init__(self):
+        self._actors = None  # the ClientActorGroup kept
+        self._group = None  # its placement group
+        self._kind = None  # what it was made for: (bundle, number of actors, placement)
+
+    def prestart(self, runtime_cfg) -> None:
+        """Start the ClientActors ``runtime_cfg`` plans on the cluster Ray runs, without waiting
+        for them: they load torch while this process prepares its first run."""
+        self.take(runtime_cfg, plan_actors(runtime_cfg, cluster_nodes()))
+
+    def take(self, runtime_cfg, num_actors: int) -> ClientActorGroup:
+        """The kept ClientActors if they are what ``runtime_cfg`` and ``num_actors`` ask for, else new ones."""
+        from actors.client_actor import ClientActor
+
+        kind = (tuple(sorted(actor_bundle(runtime_cfg).items())), num_actors, runtime_cfg.placement)
+        if kind != self._kind:
+            self.close()
+            self._group = own_group(runtime_cfg, num_actors)
+            self._actors = ClientActorGroup(ClientActor, actor_options(runtime_cfg), self._group, num_actors)
+            self._kind = kind
+        return self._actors
+
+    def close(self) -> None:
+        """End the kept actors and their placement group."""
+        if self._actors is not None:
+            self._actors.close()
+            remove_placement_group(self._group)
+        self._actors, self._group, self._kind = None, None, None
 
 
 def _bundles_for_actors(group, runtime_cfg) -> int:
@@ -443,29 +532,31 @@ def _signal_handlers_kept():
         signal.signal(signal.SIGTERM, before)
 
 
-def _stop_idle_daemons() -> None:
-    """Kill the two children of this driver that an embedded single-node Ray starts but a run
-    never uses.
+@contextlib.contextmanager
+def _without_idle_daemons():
+    """Start an embedded single-node Ray (``ray.init`` inside the block) without the two daemons
+    of its head that a run never uses (this process's ``ray.init`` only: the two Ray functions
+    that start them are swapped for the block).
 
     * The autoscaler monitor: a single-node embedded Ray never autoscales, so the monitor only
       costs memory (~50 MB) and time: ``ray.shutdown()`` stops the GCS before it, and its SIGTERM
       handler then waits on the dead GCS until Ray gives up after a second and sends SIGKILL —
       one second of every run's wall time (Ray 2.60).
     * The dashboard head: with ``include_dashboard=False`` Ray still starts it, to run only its
-      usage-statistics module (about 80 MiB PSS, 6% of W1's process tree). Nothing of Ray's that
-      a run calls needs it; the node's own agents (``DashboardAgent``, ``RuntimeEnvAgent``) are
-      the raylet's and stay.
+      usage-statistics module (about 80 MiB PSS, 6% of W1's process tree), and ``ray.init``
+      polls until it is up: about a second of a 2-core machine's start-up. Nothing of Ray's
+      that a run calls needs it; the node's own agents (``DashboardAgent``,
+      ``RuntimeEnvAgent``) are the raylet's and start as ever.
     """
-    for child in psutil.Process().children():
-        try:
-            if any(_idle_daemon(arg) for arg in child.cmdline()):
-                child.kill()
-                child.wait(timeout=5)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.TimeoutExpired):
-            pass
+    from ray._private import node, services
 
-
-def _idle_daemon(arg: str) -> bool:
-    """Whether a command-line argument is the script of the autoscaler monitor or dashboard head."""
-    return ((arg.endswith("monitor.py") and f"{os.sep}autoscaler{os.sep}" in arg)
-            or arg.endswith(f"{os.sep}dashboard{os.sep}dashboard.py"))
+    swapped = [(node.Node, "start_monitor", lambda self: None),
+               (services, "start_api_server", lambda *args, **kwargs: (None, None))]  # (no URL, no process)
+    kept = [(owner, name, getattr(owner, name)) for owner, name, _ in swapped]
+    for owner, name, stand_in in swapped:
+        setattr(owner, name, stand_in)
+    try:
+        yield
+    finally:
+        for owner, name, original in kept:
+            setattr(owner, name, original)

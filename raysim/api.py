@@ -28,8 +28,9 @@ class RunResult:
     output_dir: str
 
 
-def make_runtime(cfg):
-    """The runtime ``runtime.backend`` names (a run reaches Ray only through it)."""
+def make_runtime(cfg, warm=None):
+    """The runtime ``runtime.backend`` names (a run reaches Ray only through it); on Ray, ``warm``
+    (:class:`actors.runtime.WarmActors`) lends it ClientActors that are already up."""
     if cfg.runtime.backend == "local":
         from raysim.engine.interrupts import deferred_signals
 
@@ -41,16 +42,16 @@ def make_runtime(cfg):
     check_workers_import_raysim(cfg.runtime)  # before actors is imported: the working directory may shadow it here too
     from actors.runtime import RayRuntime
 
-    return RayRuntime(cfg.runtime)
+    return RayRuntime(cfg.runtime, warm)
 
 
 def execute(cfg, progress=None, began: float | None = None, checkpoint=None, freeze: bool = False,
-            replace: bool = False, on_round=None):
+            replace: bool = False, on_round=None, warm=None):
     """Prepare and run a loaded scenario on the runtime it names, then close the runtime; returns
     (summary, prepared). ``checkpoint`` resumes a run; ``replace`` replaces an earlier run in the
     output directory (else it is refused); ``on_round(row)`` gets each rounds.parquet row as it is
     logged and may end the run early (:func:`raysim.engine.run.run_scenario`); ``freeze`` loads libraries, data and model as long-lived
-    objects (:func:`raysim.long_lived.long_lived`; for the command line)."""
+    objects (:func:`raysim.long_lived.long_lived`; for the command line); ``warm``: see :func:`make_runtime`."""
     from contextlib import nullcontext
 
     from raysim.lifecycle import watch_run
@@ -58,7 +59,7 @@ def execute(cfg, progress=None, began: float | None = None, checkpoint=None, fre
     from raysim.output.directory import CHECKPOINT, LOCK
     from raysim.preparation import prepare
 
-    runtime = make_runtime(cfg)
+    runtime = make_runtime(cfg, warm)
     try:
         with long_lived() if freeze else nullcontext():
             prepared = prepare(cfg, meanwhile=runtime.start, resuming=checkpoint,  # Ray starts while torch loads

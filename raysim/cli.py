@@ -200,6 +200,14 @@ def cmd_validate(args) -> int:
         sweep = plan_sweep(args.scenario, overrides=args.overrides, progress=True)
         print(f"ok: {args.scenario}: a sweep of {len(sweep.points)} runs over {', '.join(sweep.grid)} into {sweep.out}")
         return 0
+    from raysim.sweep.plan import split_section
+    from raysim.sweep.search import SECTION_KEYS as SEARCH_KEYS, plan_search
+
+    if split_section(args.scenario, "tune", SEARCH_KEYS)[1]:  # a search file: its ranges and options
+        search = plan_search(args.scenario, args.overrides)
+        print(f"ok: {args.scenario}: a search ({search.algo}{', ASHA' if search.asha else ''}) of {search.samples} "
+              f"trials over {', '.join(search.space)} by {search.metric} ({search.mode}) into {search.out}")
+        return 0
     cfg = load_scenario(args.scenario, args.overrides)
     if cfg.runtime.backend == "ray":  # Ray's workers must import raysim; the actors must fit the embedded Ray
         from raysim.import_path import check_workers_import_raysim
@@ -302,6 +310,8 @@ def cmd_list(args) -> int:
 def cmd_submit(args) -> int:
     from raysim.scenario import load_scenario
     from raysim.sweep import plan_sweep, read_scenario
+    from raysim.sweep.plan import split_section
+    from raysim.sweep.search import SECTION_KEYS as SEARCH_KEYS, plan_search
 
     if args.address is None and not args.dry_run:
         raise ScenarioError("--address", None, "the cluster's job server, e.g. http://HEAD:8265 (or --dry-run)")
@@ -311,6 +321,8 @@ def cmd_submit(args) -> int:
         points = plan_sweep(args.scenario, overrides=args.overrides, progress=True).points
         command, cfgs = "sweep", [p.cfg for p in points]
         scenario_files = sorted({str(p.source) for p in points if isinstance(p.source, str)})
+    elif split_section(args.scenario, "tune", SEARCH_KEYS)[1]:  # a tune: section: the job runs `raysim tune FILE`
+        command, cfgs = "tune", [plan_search(args.scenario, args.overrides).cfg]
     else:
         command, cfgs = "run", [load_scenario(args.scenario, args.overrides)]  # bad input fails before submitting
     from actors.jobs import entrypoint, local_modules, shipped_files, submit
@@ -339,7 +351,7 @@ def cmd_tune(args) -> int:
 
     search = plan_search(args.scenario, args.overrides, args.search, metric=args.metric, mode=args.mode,
                          samples=args.samples, algo=args.algo, asha=args.asha, grace_period=args.grace_period,
-                         seed=args.seed, out=args.out)
+                         seed=args.seed, out=args.out)  # options not given (None): the file's tune: section's
     return run_search(search, quiet=args.quiet)
 
 
@@ -496,8 +508,9 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("--plot", action="append", metavar="METRIC:KEY",
                      help="also plot a column of sweep.parquet against a grid key, e.g. wall_seconds:data.num_clients")
     swp.add_argument("--in-process", action="store_true",
-                     help="run the points one after another in this process, sharing one Ray session (quicker; "
-                          "memory figures are then not comparable with isolated runs)")
+                     help="run the points one after another in this process, sharing one Ray session and its "
+                          "started ClientActors (quicker for small points; memory figures are then not comparable "
+                          "with isolated runs)")
     swp.add_argument("--runner", choices=["processes", "tune"],
                      help="processes: each point a raysim run process (default); tune: each point a Ray Tune trial "
                           "in one Ray session, reserving its process and its ClientActors as one placement group, "
@@ -506,21 +519,23 @@ def parser() -> argparse.ArgumentParser:
     swp.set_defaults(func=cmd_sweep)
     tun = sub.add_parser("tune", help="search scenario keys as Ray Tune trials (random, grid or optuna), with "
                                       "ASHA early stopping; search.parquet and best.yaml")
-    tun.add_argument("scenario", help="scenario YAML file")
+    tun.add_argument("scenario", help="scenario YAML file (a tune: section gives the ranges and these options; a "
+                                      "flag given replaces the section's)")
     tun.add_argument("overrides", nargs="*", default=[], help="key=value overrides for every trial")
     tun.add_argument("--search", action="append", default=[], metavar="KEY=SPEC",
                      help="a key and its range: loguniform(a,b), uniform(a,b), randint(a,b) (a..b-1), choice(v1,…) "
                           "or v1,v2,… (the only form with --algo grid); repeat for more keys")
-    tun.add_argument("--metric", default="test_accuracy",
+    tun.add_argument("--metric",
                      help="what ranks trials: a rounds.parquet column (per round: ASHA can use it) or a summary "
                           "figure such as final_test_accuracy (default test_accuracy)")
-    tun.add_argument("--mode", default="max", help="max or min (default max)")
+    tun.add_argument("--mode", help="max or min (default max)")
     tun.add_argument("--samples", type=int, help="trials (default 1; --algo grid: every point)")
-    tun.add_argument("--algo", default="random", help="random, grid or optuna (TPE) (default random)")
-    tun.add_argument("--asha", action="store_true", help="stop trials early with ASHA (reduction factor 2) on the "
-                                                         "metric's per-round values")
-    tun.add_argument("--grace-period", type=int, default=1, help="rounds a trial runs before ASHA may stop it")
-    tun.add_argument("--seed", type=int, default=0, help="the searcher's seed: the same seed samples the same trials")
+    tun.add_argument("--algo", help="random, grid or optuna (TPE) (default random)")
+    tun.add_argument("--asha", action=argparse.BooleanOptionalAction,
+                     help="stop trials early with ASHA (reduction factor 2) on the metric's per-round values "
+                          "(default: no)")
+    tun.add_argument("--grace-period", type=int, help="rounds a trial runs before ASHA may stop it (default 1)")
+    tun.add_argument("--seed", type=int, help="the searcher's seed: the same seed samples the same trials (default 0)")
     tun.add_argument("--out", help="the search's directory: <out>/trial_<i>_<params>/ per run, search.parquet, "
                                    "best.yaml (default results/searches/<name>)")
     tun.add_argument("--quiet", action="store_true", help="no line per trial on stderr")

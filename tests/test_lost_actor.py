@@ -51,7 +51,7 @@ def flaky_pool(ray_session):
             return {"node": "n", "pid": os.getpid()}
 
     group = placement_group([{"CPU": 0.01}] * 2)
-    pool = ClientActorGroup(Flaky, (), {"num_cpus": 0.01}, group, 2)
+    pool = ClientActorGroup(Flaky, {"num_cpus": 0.01}, group, 2)
     try:
         yield pool
     finally:

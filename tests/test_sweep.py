@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
+import raysim
 from raysim.cli import main
 from raysim.scenario import load_scenario
 from raysim.sweep.plan import parse_grid_options, split_values
@@ -127,19 +128,29 @@ def test_in_process_gives_the_same_model(grid_sweep, tmp_path):
     assert summary(Path(row["output_dir"]))["model_sha256"] == summary(isolated)["model_sha256"]
 
 
-def test_a_ray_point_in_process_gives_the_same_model(grid_sweep, tmp_path):
-    """The isolated local run's model (results do not depend on the backend), from a sweep run in a
-    process of its own: --in-process starts Ray in the process that runs the sweep."""
+def test_ray_points_in_process_share_warm_actors_and_give_each_lone_runs_model(tmp_path):
+    """--in-process starts Ray in the process that runs the sweep, and its points take over the same
+    two ClientActors (the same processes), each loading its own run: every point's model is the one
+    a lone run of it makes (the local backend's: results do not depend on the backend), whatever
+    algorithm ran in those actors before."""
     out = tmp_path / "ray"
-    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "sweep", QUICKSTART, *TINY, "runtime.backend=ray",
-                           "runtime.num_cpus=1", "runtime.num_actors=1", "algorithm.lr=0.1", "--grid",
-                           "execution.rounds=2", "--in-process", "--out", str(out), "--quiet"],
+    ray_keys = ["runtime.backend=ray", "runtime.num_cpus=2", "runtime.num_actors=2", "algorithm.lr=0.1",
+                "execution.rounds=2"]
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "sweep", QUICKSTART, *TINY, *ray_keys, "--grid",
+                           "algorithm.name=scaffold,fedavg,fedprox", "--in-process", "--out", str(out), "--quiet"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    [row] = table(out)
-    ray = summary(Path(row["output_dir"]))
-    assert ray["backend"] == "ray" and row["mode"] == "in-process"
-    assert ray["model_sha256"] == summary(grid_sweep / "execution.rounds=2,algorithm.lr=0.1,repeat=0")["model_sha256"]
+    rows = table(out)
+    assert [r["algorithm.name"] for r in rows] == ["scaffold", "fedavg", "fedprox"]
+    pids = []
+    for row in rows:
+        point = summary(Path(row["output_dir"]))
+        assert point["backend"] == "ray" and row["mode"] == "in-process"
+        lone = raysim.run(QUICKSTART, [*TINY, *ray_keys[3:], "runtime.backend=local", f"output.dir={tmp_path / 'lone'}",
+                                       f"algorithm.name={row['algorithm.name']}"], replace=True)
+        assert point["model_sha256"] == lone.summary["model_sha256"], row["algorithm.name"]
+        pids.append(sorted(actor["pid"] for actor in point["actors"]))
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]
 
 
 @pytest.mark.parametrize("args, expected", [

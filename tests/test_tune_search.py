@@ -112,3 +112,79 @@ def test_bad_input_is_one_error_line_before_any_trial(tmp_path, capsys, options,
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(line) and err.count("\n") == 1, err
     assert not (tmp_path / "search").exists()
+
+
+def search_file(tmp_path: Path, section: dict, *overrides) -> str:
+    """The small scenario as a file with a ``tune:`` section."""
+    path = Path(scenario_file(tmp_path, *overrides))
+    cfg = OmegaConf.load(path)
+    cfg.tune = section
+    path.write_text(OmegaConf.to_yaml(cfg))
+    return str(path)
+
+
+SECTION = {"search": {"algorithm.lr": "loguniform(0.01,0.5)", "algorithm.batch_size": [5, 10]},
+           "metric": "test_loss", "mode": "min", "samples": 6, "asha": True, "grace_period": 3, "seed": 7,
+           "out": "searches/small"}
+
+
+def test_a_tune_section_gives_the_ranges_and_options_and_flags_replace_them(tmp_path):
+    """A scenario file's tune: section is the search (the scenario is the file without it); a flag
+    given replaces its option, and ``--search KEY=…`` that key's range (other keys stay)."""
+    from raysim.sweep.search import plan_search
+
+    path = search_file(tmp_path, SECTION)
+    search = plan_search(path)
+    assert search.space == {"algorithm.lr": ("loguniform", [0.01, 0.5]), "algorithm.batch_size": ("choice", [5, 10])}
+    assert (search.metric, search.mode, search.samples, search.algo, search.asha, search.grace_period, search.seed,
+            search.out) == ("test_loss", "min", 6, "random", True, 3, 7, Path("searches/small"))
+    assert "tune" not in search.scenario and search.cfg.algorithm.lr == 0.05  # the scenario, section left out
+    flags = plan_search(path, ["execution.rounds=4"], ["algorithm.lr=0.1,0.2", "algorithm.local_epochs=1,2"],
+                        metric="test_accuracy", mode="max", samples=2, asha=False, seed=1, out=str(tmp_path / "o"))
+    assert flags.space == {"algorithm.lr": ("choice", [0.1, 0.2]), "algorithm.batch_size": ("choice", [5, 10]),
+                           "algorithm.local_epochs": ("choice", [1, 2])}
+    assert (flags.metric, flags.mode, flags.samples, flags.asha, flags.grace_period, flags.seed, flags.out) == \
+        ("test_accuracy", "max", 2, False, 3, 1, tmp_path / "o")
+    assert flags.cfg.execution.rounds == 4
+
+
+@pytest.mark.parametrize("section, line", [
+    ({**SECTION, "sample": 6}, "error: tune.sample = 6: expected a known key; allowed here: search, metric, mode, "
+                               "samples, algo, asha, grace_period, seed, out"),
+    ({**SECTION, "samples": "six"}, "error: tune.samples = 'six': expected a value of type int"),
+    ({**SECTION, "asha": "yes"}, "error: tune.asha = 'yes': expected a value of type bool"),
+    ({**SECTION, "algo": "bayes"}, "error: tune.algo = 'bayes': expected random or grid or optuna"),
+    ({**SECTION, "search": {"algorithm.lr": "lognormal(1,2)"}},
+     "error: tune.search.algorithm.lr = 'lognormal(1,2)': expected v1,v2,… or one of loguniform(…)"),
+    ({**SECTION, "search": {"algorithm.lrx": [0.1]}}, "error: tune.search.algorithm.lrx = [0.1]: expected a key of "
+                                                      "algorithm.name=fedavg (did you mean lr?)"),
+    ({**SECTION, "search": ["algorithm.lr"]}, "error: tune.search = ['algorithm.lr']: expected a mapping of scenario "
+                                              "keys to ranges"),
+    ({**SECTION, "metric": "final_test_accuracy"}, "error: tune.metric = 'final_test_accuracy': expected a metric "
+                                                   "logged per round with tune.asha (a summary figure"),
+    ({**SECTION, "algo": "grid", "search": {"algorithm.lr": [0.1, 0.2]}},
+     "error: tune.samples = 6: expected at most the grid's 2 points with tune.algo grid"),
+])
+def test_a_bad_tune_section_is_one_error_line_naming_its_key(tmp_path, capsys, section, line):
+    code = main(["tune", search_file(tmp_path, section), "--out", str(tmp_path / "search")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(line) and err.count("\n") == 1, err
+    assert not (tmp_path / "search").exists()
+
+
+def test_validate_run_and_submit_of_a_search_file(tmp_path, capsys):
+    """``raysim validate`` checks a search file as ``raysim tune`` would and says what it searches;
+    ``raysim run`` of it points to ``raysim tune``; ``raysim submit`` makes it a job that runs
+    ``raysim tune`` on the file (validated first: a bad section is refused before submitting)."""
+    path = search_file(tmp_path, SECTION)
+    assert main(["validate", path]) == 0
+    assert capsys.readouterr().out == (f"ok: {path}: a search (random, ASHA) of 6 trials over algorithm.lr, "
+                                       "algorithm.batch_size by test_loss (min) into searches/small\n")
+    assert main(["run", path]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("; a tune: section is run by raysim tune FILE")
+    assert main(["submit", path, "execution.rounds=3", "--dry-run"]) == 0
+    assert capsys.readouterr().err.rstrip().endswith("the job would run: python -m raysim.cli tune "
+                                                     "submitted/small.yaml execution.rounds=3")
+    bad = search_file(tmp_path, {**SECTION, "samples": 0})
+    assert main(["submit", bad, "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("error: tune.samples = 0: expected an integer >= 1")

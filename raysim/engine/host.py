@@ -102,9 +102,7 @@ class ClientHost:
         builds the rows of the clients in ``prepare`` (those this host will likely train next)
         while the host waits for its next call; that call waits for it first, so the data set
         is never used by two threads at once."""
-        if self._preparing is not None:
-            self._preparing.join()
-            self._preparing = None
+        self.settle()
         with torch_threads(self.cfg.runtime.torch_threads):
             results = [self._run_one([payloads[v] for v in task.versions], task) for task in tasks]
         if prepare and self.dataset.on_demand:
@@ -112,6 +110,12 @@ class ClientHost:
                                                name="raysim-prepare-rows")
             self._preparing.start()
         return results
+
+    def settle(self) -> None:
+        """Wait for the background work :meth:`run` left (the rows it was building)."""
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
 
     def _build_rows(self, client_ids: tuple) -> None:
         """Put the data of ``client_ids`` in the data set's cache."""

@@ -190,8 +190,8 @@ def _check_layer(layer: DictConfig, schema: DictConfig, prefix: str = "", what: 
         path = f"{prefix}{name}"
         if name not in schema:
             allowed = ", ".join(str(k) for k in schema.keys()) or "no name yet"
-            if path == "sweep":
-                suggestion, hint = "", "; a sweep: section is run by raysim sweep FILE"
+            if path in ("sweep", "tune"):
+                suggestion, hint = "", f"; a {path}: section is run by raysim {path} FILE"
             else:
                 suggestion, owned = _suggestion(path, str(name), schema)
                 hint = f"; ~{path} unsets it" if owned and from_file else ""

@@ -125,23 +125,32 @@ def parse_grid_options(options) -> dict:
     return grid
 
 
-def read_scenario(path: str) -> tuple[object, dict]:
-    """(what :func:`load_scenario` should load, the ``sweep:`` section or {}). A file with a
-    ``sweep:`` section is loaded as its mapping without it; any other file as the file itself
-    (load_scenario reports what is wrong with it)."""
+def split_section(path: str, name: str, keys: tuple) -> tuple[object, dict]:
+    """(what :func:`load_scenario` should load, the file's ``name:`` section or {}): a file with
+    that section is loaded as its mapping without it, any other file as the file itself
+    (load_scenario reports what is wrong with it). ScenarioError for a section that is not a
+    mapping of ``keys``."""
     try:
         content = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception:  # a missing file, invalid YAML…: load_scenario says so in one line, before the grid is read
+    except Exception:  # a missing file, invalid YAML…: load_scenario says so in one line, before the section is read
         load_scenario(path)
         return path, {}
-    if not isinstance(content, dict) or "sweep" not in content:
+    if not isinstance(content, dict) or name not in content:
         return path, {}
-    section = content.pop("sweep")
+    section = content.pop(name)
     if not isinstance(section, dict):
-        raise ScenarioError("sweep", section, "a mapping with keys " + ", ".join(SECTION_KEYS))
+        raise ScenarioError(name, section, "a mapping with keys " + ", ".join(keys))
     for key in section:
-        if key not in SECTION_KEYS:
-            raise ScenarioError(f"sweep.{key}", section[key], "a known key; allowed here: " + ", ".join(SECTION_KEYS))
+        if key not in keys:
+            raise ScenarioError(f"{name}.{key}", section[key], "a known key; allowed here: " + ", ".join(keys))
+    return content, section
+
+
+def read_scenario(path: str) -> tuple[object, dict]:
+    """(what :func:`load_scenario` should load, the ``sweep:`` section or {}): see :func:`split_section`."""
+    content, section = split_section(path, "sweep", SECTION_KEYS)
+    if not section:
+        return content, section
     grids = section.get("grid") or {}
     for i, grid in enumerate(grids if isinstance(grids, list) else [grids]):
         where = f"sweep.grid[{i}]" if isinstance(grids, list) else "sweep.grid"

@@ -186,27 +186,35 @@ def _scenario_file(sweep: Sweep, point) -> str:
 def _run_in_process(sweep: Sweep, todo: list, say) -> None:
     """Each point through :func:`raysim.api.execute` in this process, one after another; points
     whose scenarios declare the same Ray (address, CPUs, GPUs) share one Ray session, started
-    before them (its start-up is not in their wall time): their own runtimes find Ray running and
-    leave it so (they end only their actors)."""
+    before them (its start-up is not in their wall time), and its ClientActors
+    (:class:`actors.runtime.WarmActors`): a point that wants the actors the one before had takes
+    them over, with a new ClientHost each; their own runtimes find Ray running and leave it so."""
     from raysim.api import execute, make_runtime
     from raysim.measure import peak_memory
     from raysim.lifecycle import guarded
 
     sessions = list(dict.fromkeys(ray_of(p.cfg) for p in todo))  # points that share a Ray run together
     with guarded() if any(sessions) else nullcontext():  # no process outlives the sweep's Ray
-        session, declared = None, None
+        session, declared, warm = None, None, None
         try:
             for point in sorted(todo, key=lambda p: sessions.index(ray_of(p.cfg))):
                 if session is None or ray_of(point.cfg) != declared:
                     if session is not None:
                         session.close()
                     session, declared = make_runtime(point.cfg), ray_of(point.cfg)
-                    session.start()
+                    warm = None
+                    if declared is None:
+                        session.start()
+                    else:  # torch loads while Ray starts; the actors, while the first point prepares
+                        with loading_meanwhile("raysim.engine.run"):
+                            session.start()
+                        warm = session.warm_actors()
+                        warm.prestart(point.cfg.runtime)
                 started(say, point)
                 began = time.perf_counter()
                 with peak_memory(os.getpid()) as peak:
                     try:
-                        execute(point.cfg, began=began, replace=True)
+                        execute(point.cfg, began=began, replace=True, warm=warm)
                         code = 0
                     except (RunError, ScenarioError) as exc:
                         print(f"error: {exc}", file=sys.stderr)
@@ -218,6 +226,20 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
         finally:
             if session is not None:
                 session.close()
+
+
+@contextmanager
+def loading_meanwhile(module: str):
+    """Import ``module`` in a helper thread while the block runs (a Ray start-up waits on its
+    daemons' processes more than it computes); waits for it on leaving."""
+    import importlib
+
+    loader = threading.Thread(target=importlib.import_module, args=(module,), name="raysim-import", daemon=True)
+    loader.start()
+    try:
+        yield
+    finally:
+        loader.join()
 
 
 def _stopped(sweep: Sweep) -> KeyboardInterrupt:
