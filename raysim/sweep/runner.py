@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
@@ -209,7 +209,8 @@ def _run_in_process(sweep: Sweep, todo: list, say) -> None:
                         with loading_meanwhile("raysim.engine.run"):
                             session.start()
                         warm = session.warm_actors()
-                        warm.prestart(point.cfg.runtime)
+                        with suppress(ScenarioError):  # actors that do not fit: the point itself says so
+                            warm.prestart(point.cfg.runtime)
                 started(say, point)
                 began = time.perf_counter()
                 with peak_memory(os.getpid()) as peak:
