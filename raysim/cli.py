@@ -201,7 +201,7 @@ def cmd_validate(args) -> int:
         print(f"ok: {args.scenario}: a sweep of {len(sweep.points)} runs over {', '.join(sweep.grid)} into {sweep.out}")
         return 0
     from raysim.sweep.plan import split_section
-    from raysim.sweep.search import SECTION_KEYS as SEARCH_KEYS, plan_search
+    from raysim.sweep.search_plan import SECTION_KEYS as SEARCH_KEYS, plan_search
 
     if split_section(args.scenario, "tune", SEARCH_KEYS)[1]:  # a search file: its ranges and options
         search = plan_search(args.scenario, args.overrides)
@@ -311,7 +311,7 @@ def cmd_submit(args) -> int:
     from raysim.scenario import load_scenario
     from raysim.sweep import plan_sweep, read_scenario
     from raysim.sweep.plan import split_section
-    from raysim.sweep.search import SECTION_KEYS as SEARCH_KEYS, plan_search
+    from raysim.sweep.search_plan import SECTION_KEYS as SEARCH_KEYS, plan_search
 
     if args.address is None and not args.dry_run:
         raise ScenarioError("--address", None, "the cluster's job server, e.g. http://HEAD:8265 (or --dry-run)")
@@ -347,7 +347,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from raysim.sweep.search import plan_search, run_search
+    from raysim.sweep.search import run_search
+    from raysim.sweep.search_plan import plan_search
 
     search = plan_search(args.scenario, args.overrides, args.search, metric=args.metric, mode=args.mode,
                          samples=args.samples, algo=args.algo, asha=args.asha, grace_period=args.grace_period,

@@ -167,7 +167,7 @@ def test_every_checked_in_scenario_is_valid(path, monkeypatch, tmp_path):
     from raysim.data.kinds import DATA_FILES
     from raysim.sweep import plan_sweep, read_scenario
     from raysim.sweep.plan import split_section
-    from raysim.sweep.search import SECTION_KEYS as SEARCH_KEYS, plan_search
+    from raysim.sweep.search_plan import SECTION_KEYS as SEARCH_KEYS, plan_search
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     if read_scenario(path)[1]:  # a sweep file: every point validates

@@ -131,7 +131,7 @@ SECTION = {"search": {"algorithm.lr": "loguniform(0.01,0.5)", "algorithm.batch_s
 def test_a_tune_section_gives_the_ranges_and_options_and_flags_replace_them(tmp_path):
     """A scenario file's tune: section is the search (the scenario is the file without it); a flag
     given replaces its option, and ``--search KEY=…`` that key's range (other keys stay)."""
-    from raysim.sweep.search import plan_search
+    from raysim.sweep.search_plan import plan_search
 
     path = search_file(tmp_path, SECTION)
     search = plan_search(path)

@@ -7,7 +7,8 @@
 :func:`run_sweep` runs those not completed yet, each in a fresh process (or in this one), and
 writes the results (:mod:`raysim.sweep.runner`, :mod:`raysim.sweep.results`,
 :mod:`raysim.sweep.plots`). ``raysim tune`` samples configurations instead, as Ray Tune trials
-with ASHA early stopping (:mod:`raysim.sweep.search`, imported on its own: it imports Ray Tune).
+with ASHA early stopping: :mod:`raysim.sweep.search_plan` validates a search without Ray,
+:mod:`raysim.sweep.search` runs it (imported on its own: it imports Ray Tune).
 """
 
 from raysim.sweep.plan import Point, Sweep, plan_sweep, read_scenario
