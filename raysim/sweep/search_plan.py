@@ -50,8 +50,8 @@ class Search:
 def parse_spec(key: str, text, algo: str, where: str | None = None, algo_named: str = "--algo") -> tuple[str, list]:
     """A key's range, ``--search KEY=SPEC`` (or ``where``: the ``tune.search`` entry it comes
     from; ``algo_named``: what set the algo), as (function, arguments); a plain comma list (or a
-    YAML list) is a choice. ScenarioError
-    for an unknown function, a wrong number of arguments or bounds that are not numbers in order."""
+    YAML list) is a choice. ScenarioError for an unknown function, a wrong number of arguments or
+    bounds that are not numbers in order."""
     where = where or f"--search {key}"
     if isinstance(text, list) and text:
         return "choice", text
