@@ -182,7 +182,7 @@ MODES = {
 # local DP (a client stage like top-k with EF, under the same FedBuff loop), pFedMe and FedBN (kept per-client
 # models and parts: ditto, apfl and fedrep run those paths)
 FULL_VERSION_ONLY = {"ditto_fedbuff", "fedper_fedasync", "perfedavg_hvp", "perfedavg_hf", "fedyogi",
-                     "local_dp_fedbuff", "pfedme", "fedbn"}
+                     "local_dp_fedbuff", "pfedme", "fedbn", "apfl"}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
