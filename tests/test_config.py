@@ -159,8 +159,15 @@ def test_the_saved_scenario_runs_again_as_it_is(tmp_path, source, overrides):
     assert load_scenario(str(saved)) == cfg
 
 
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(Path(__file__).resolve().parents[1]))
-                                        for p in (Path(__file__).resolve().parents[1] / "scenarios").rglob("*.yaml")))
+# the sweep files with hundreds of points (15-25 s each to validate on 2 cores): CI's short version skips them
+LARGE_SWEEPS = {"scenarios/byzantine/sweep.yaml", "scenarios/paper/fedacg/sweep.yaml",
+                "scenarios/paper/fedacg/sweep_tuned.yaml", "scenarios/personalization/sweep.yaml"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(path, marks=[pytest.mark.slow] if path in LARGE_SWEEPS else [])
+                                  for path in sorted(str(p.relative_to(Path(__file__).resolve().parents[1]))
+                                                     for p in (Path(__file__).resolve().parents[1] /
+                                                               "scenarios").rglob("*.yaml"))])
 def test_every_checked_in_scenario_is_valid(path, monkeypatch, tmp_path):
     import yaml
 
