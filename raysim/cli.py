@@ -200,10 +200,9 @@ def cmd_validate(args) -> int:
         sweep = plan_sweep(args.scenario, overrides=args.overrides, progress=True)
         print(f"ok: {args.scenario}: a sweep of {len(sweep.points)} runs over {', '.join(sweep.grid)} into {sweep.out}")
         return 0
-    from raysim.sweep.plan import split_section
-    from raysim.sweep.search_plan import SECTION_KEYS as SEARCH_KEYS, plan_search
+    from raysim.sweep.search_plan import plan_search, search_section
 
-    if split_section(args.scenario, "tune", SEARCH_KEYS)[1]:  # a search file: its ranges and options
+    if search_section(args.scenario):  # a search file: its ranges and options
         search = plan_search(args.scenario, args.overrides)
         print(f"ok: {args.scenario}: a search ({search.algo}{', ASHA' if search.asha else ''}) of {search.samples} "
               f"trials over {', '.join(search.space)} by {search.metric} ({search.mode}) into {search.out}")
@@ -310,8 +309,7 @@ def cmd_list(args) -> int:
 def cmd_submit(args) -> int:
     from raysim.scenario import load_scenario
     from raysim.sweep import plan_sweep, read_scenario
-    from raysim.sweep.plan import split_section
-    from raysim.sweep.search_plan import SECTION_KEYS as SEARCH_KEYS, plan_search
+    from raysim.sweep.search_plan import plan_search, search_section
 
     if args.address is None and not args.dry_run:
         raise ScenarioError("--address", None, "the cluster's job server, e.g. http://HEAD:8265 (or --dry-run)")
@@ -321,7 +319,7 @@ def cmd_submit(args) -> int:
         points = plan_sweep(args.scenario, overrides=args.overrides, progress=True).points
         command, cfgs = "sweep", [p.cfg for p in points]
         scenario_files = sorted({str(p.source) for p in points if isinstance(p.source, str)})
-    elif split_section(args.scenario, "tune", SEARCH_KEYS)[1]:  # a tune: section: the job runs `raysim tune FILE`
+    elif search_section(args.scenario):  # a tune: section: the job runs `raysim tune FILE`
         command, cfgs = "tune", [plan_search(args.scenario, args.overrides).cfg]
     else:
         command, cfgs = "run", [load_scenario(args.scenario, args.overrides)]  # bad input fails before submitting

@@ -173,14 +173,13 @@ def test_every_checked_in_scenario_is_valid(path, monkeypatch, tmp_path):
 
     from raysim.data.kinds import DATA_FILES
     from raysim.sweep import plan_sweep, read_scenario
-    from raysim.sweep.plan import split_section
-    from raysim.sweep.search_plan import SECTION_KEYS as SEARCH_KEYS, plan_search
+    from raysim.sweep.search_plan import plan_search, search_section
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     if read_scenario(path)[1]:  # a sweep file: every point validates
         assert plan_sweep(path).points
         return
-    if split_section(path, "tune", SEARCH_KEYS)[1]:  # a search file: its ranges and options validate
+    if search_section(path):  # a search file: its ranges and options validate
         assert plan_search(path).space
         return
     data = yaml.safe_load(Path(path).read_text()).get("data") or {}

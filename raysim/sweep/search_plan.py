@@ -47,6 +47,12 @@ class Search:
     cfg: object  # the scenario without searched values (its runtime and resources are every trial's)
 
 
+def search_section(path: str) -> dict:
+    """The ``tune:`` section of the scenario file ``path`` ({} when it has none): whether it is a
+    search file (ScenarioError for a section that is not a mapping of :data:`SECTION_KEYS`)."""
+    return split_section(path, "tune", SECTION_KEYS)[1]
+
+
 def parse_spec(key: str, text, algo: str, where: str | None = None, algo_named: str = "--algo") -> tuple[str, list]:
     """A key's range, ``--search KEY=SPEC`` (or ``where``: the ``tune.search`` entry it comes
     from; ``algo_named``: what set the algo), as (function, arguments); a plain comma list (or a
